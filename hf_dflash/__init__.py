@@ -1,0 +1,29 @@
+"""hf-dflash: DFlash block-diffusion speculative decoding as a drop-in transformers extension.
+
+    import hf_dflash
+    drafter = AutoModel.from_pretrained("z-lab/Qwen3-8B-DFlash-b16")
+    target.generate(**inputs, assistant_model=drafter)
+
+Importing the package registers the drafter with `AutoModel` and installs the `generate` hook
+(`hf_dflash.hooks`); both act only on DFlash drafters.
+"""
+
+from .generation import DFlashGenerateOutput, check_compatible, dflash_decode, generate
+from .hooks import install_hooks, uninstall_hooks
+from .modeling import DFlashConfig, DFlashDraftModel, default_target_layer_ids
+
+__version__ = "0.1.0"
+
+install_hooks()
+
+__all__ = [
+    "DFlashConfig",
+    "DFlashDraftModel",
+    "DFlashGenerateOutput",
+    "check_compatible",
+    "default_target_layer_ids",
+    "dflash_decode",
+    "generate",
+    "install_hooks",
+    "uninstall_hooks",
+]

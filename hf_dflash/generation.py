@@ -1,0 +1,438 @@
+"""Speculative decoding with a DFlash drafter inside `target.generate()`.
+
+`generate()` lets transformers prepare everything a user configured (generation config, logits processors, stopping
+criteria, attention mask, max length) and hands the decoding loop to `dflash_decode` through `custom_generate`.
+
+Batching: rows accept different numbers of draft tokens per step. The target's KV cache keeps every row
+left-padded: when rows keep different numbers of the verified slots, each row's rejected slots are moved to its
+left end and masked (`_keep_verified`), so any decoder-only model, sliding windows included, sees exactly the
+tokens it would see in plain `generate`. Finished rows leave the batch.
+"""
+
+import copy
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.generation import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    MinPLogitsWarper,
+    StopStringCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.utils import logging
+
+from .modeling import DFlashDraftModel
+
+logger = logging.get_logger(__name__)
+
+# Processors that ignore `input_ids`: applied once to all block positions instead of position by position.
+_POSITION_FREE = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+)
+
+
+@dataclass
+class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus `acceptance_lengths`: for each row, the tokens committed by each target
+    forward after the prefill (accepted drafts + the target's own token; cut at a stop). Its mean is the acceptance
+    length tau."""
+
+    acceptance_lengths: list[list[int]] | None = None
+
+
+def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
+    """`target.generate(inputs, **kwargs)` with DFlash drafts; works without the `assistant_model` hook.
+
+    Everything `generate` accepts is accepted, except beam search (`num_beams > 1`).
+    """
+    generation_config = kwargs.pop("generation_config", None)
+    config = generation_config if generation_config is not None else target.generation_config
+    if (kwargs.get("num_beams") or config.num_beams or 1) > 1:
+        raise ValueError("DFlash speculative decoding does not support beam search: use num_beams=1.")
+    # transformers drops `tokenizer` and `streamer` before a `custom_generate` callable runs: stop strings become a
+    # stopping criterion here, and the streamer goes to the loop directly.
+    tokenizer = kwargs.pop("tokenizer", None)
+    stop_strings = kwargs.pop("stop_strings", None)
+    if stop_strings is None and config.stop_strings:
+        stop_strings = config.stop_strings
+        generation_config = copy.deepcopy(config)
+        generation_config.stop_strings = None
+    if stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer: pass tokenizer=... to generate().")
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(StopStringCriteria(tokenizer, stop_strings))
+        kwargs["stopping_criteria"] = criteria
+    decode = functools.partial(dflash_decode, drafter=drafter, streamer=kwargs.get("streamer"))
+    from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
+
+    return original_generate(target, inputs, generation_config=generation_config, custom_generate=decode, **kwargs)
+
+
+def check_compatible(target, drafter: DFlashDraftModel) -> None:
+    """Raise a ValueError naming the mismatch between a target and a drafter, and how to fix it."""
+    if not isinstance(drafter, DFlashDraftModel):
+        raise TypeError(f"Expected a DFlashDraftModel, got {type(drafter).__name__}.")
+    config = target.config.get_text_config()
+    if getattr(target.config, "is_encoder_decoder", False):
+        raise ValueError("DFlash needs a decoder-only causal LM; the target is an encoder-decoder model.")
+    if config.hidden_size != drafter.config.hidden_size:
+        raise ValueError(
+            f"The drafter was made for hidden size {drafter.config.hidden_size}, the target has {config.hidden_size}. "
+            "Use the drafter trained for this target, or make one with DFlashDraftModel.from_target(target)."
+        )
+    num_layers = config.num_hidden_layers
+    bad = [i for i in drafter.config.target_layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"The drafter reads target layers {bad}, but the target has {num_layers} layers (0..{num_layers - 1}). "
+            "Use the drafter trained for this target, or set target_layer_ids within range."
+        )
+    rows = target.get_input_embeddings().weight.shape[0]
+    if drafter.config.mask_token_id is None or not 0 <= drafter.config.mask_token_id < rows:
+        raise ValueError(
+            f"The drafter's mask_token_id={drafter.config.mask_token_id} is not a row of the target's embedding "
+            f"table (0..{rows - 1}). Set drafter.config.mask_token_id to an existing row the tokenizer does not use."
+        )
+    if target.get_output_embeddings() is None:
+        raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head): DFlash drafts through it.")
+
+
+@torch.no_grad()
+def dflash_decode(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    drafter: DFlashDraftModel = None,
+    streamer=None,
+    **model_kwargs,
+):
+    """The decoding loop, called by `GenerationMixin.generate` as a `custom_generate` callable.
+
+    Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
+    longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
+    every committed position.
+    """
+    target = model
+    attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
+    if "inputs_embeds" in model_kwargs or input_ids.shape[1] == 0:
+        raise ValueError("DFlash generation needs input_ids (prompts given as inputs_embeds are not supported).")
+    batch, prompt_len = input_ids.shape
+    prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    if batch > 1 and not prompt_mask[:, -1].all():
+        raise ValueError(
+            "The batch is right-padded: DFlash (like any decoder-only generation) needs left padding. "
+            "Set tokenizer.padding_side = 'left'."
+        )
+    for unsupported in ("output_attentions", "output_hidden_states"):
+        if getattr(generation_config, unsupported, False):
+            logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
+    state = _Decoder(target, drafter, generation_config, logits_processor, stopping_criteria, streamer, input_ids)
+
+    # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
+    position_ids = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = state.target_forward(input_ids, attention_mask, position_ids, logits_to_keep=1)
+    state.context = (state.features(out), prompt_mask, position_ids)
+    scores = state.process(out.logits[:, -1:], input_ids[:, :0])  # [batch, 1, vocab]
+    tokens = state.choose(scores)
+    state.commit(tokens, torch.ones(batch, dtype=torch.long, device=tokens.device), scores)
+    state.target_mask = prompt_mask
+    state.next_pos = prompt_mask.sum(-1)  # position of each row's newest token, not yet in the cache
+    state.drop_finished()
+
+    while state.rows.numel():
+        block = state.propose()  # [rows, V]: the newest token, then V - 1 drafts
+        verify_len = block.shape[1]
+        positions = state.next_pos[:, None] + torch.arange(verify_len, device=block.device)
+        mask = torch.cat([state.target_mask, torch.ones_like(block, dtype=torch.bool)], dim=1)
+        out = state.target_forward(block, None if mask.all() else mask.long(), positions)
+        scores = state.process(out.logits, block[:, 1:])  # [rows, V, vocab]
+        tokens = state.choose(scores)  # the target's token after each block position
+        matches = (block[:, 1:] == tokens[:, :-1]).long().cumprod(-1)
+        kept = matches.sum(-1) + 1  # accepted drafts + the target's token at the first mismatch
+        state.record(state.commit(tokens, kept, scores))
+        keep = torch.arange(verify_len, device=block.device) < kept[:, None]  # [rows, V]: verified slots to keep
+        state.target_mask = _keep_verified(state.cache, state.target_mask, keep)
+        longest = int(kept.max())
+        state.context = (state.features(out)[:, :longest], keep[:, :longest], positions[:, :longest])
+        state.next_pos = state.next_pos + kept
+        state.drop_finished()
+    return state.result()
+
+
+class _Decoder:
+    """State of one `dflash_decode` call. Rows are the batch rows still generating (`rows` maps them back)."""
+
+    def __init__(self, target, drafter, generation_config, logits_processor, stopping_criteria, streamer, input_ids):
+        check_compatible(target, drafter)
+        self.target, self.drafter = target, drafter
+        self.config = generation_config
+        self.processors = logits_processor or []
+        self.stopping_criteria = stopping_criteria
+        self.streamer = streamer
+        device = input_ids.device
+        batch, self.prompt_len = input_ids.shape
+        max_length = generation_config.max_length
+        pad = generation_config._pad_token_tensor
+        self.pad_token_id = int(pad) if pad is not None else 0
+        self.sequences = torch.full((batch, max_length), self.pad_token_id, dtype=torch.long, device=device)
+        self.sequences[:, : self.prompt_len] = input_ids
+        self.lengths = torch.full((batch,), self.prompt_len, dtype=torch.long, device=device)
+        self.rows = torch.arange(batch, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.acceptance_lengths: list[list[int]] = [[] for _ in range(batch)]
+        self.keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
+        self.keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
+        self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+        self.raw_logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+        self.cache_checked = False
+
+        self.cache = DynamicCache(config=target.config)
+        self.cache.activate_past_recording()  # sliding-window layers must be able to roll back rejected slots
+        self.draft_cache = DynamicCache()
+        self.draft_valid = torch.zeros(batch, 0, dtype=torch.bool, device=drafter.device)
+        self.draft_pos = torch.zeros(batch, 0, dtype=torch.long, device=drafter.device)
+        self.head = target.get_output_embeddings()
+
+    # --- target -------------------------------------------------------------------------------------------
+    def target_forward(self, input_ids, attention_mask, position_ids, **kwargs):
+        out = self.target(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=True,
+            **kwargs,
+        )
+        if getattr(out, "hidden_states", None) is None:
+            raise ValueError(
+                f"{type(self.target).__name__} returned no hidden_states with output_hidden_states=True: DFlash "
+                "drafts from the target's layer features, so the target must return them."
+            )
+        if not self.cache_checked:
+            _check_cache(self.cache)
+            self.cache_checked = True
+        self._last_logits = out.logits
+        return out
+
+    def features(self, out) -> torch.Tensor:
+        # [rows, length, len(target_layer_ids) * hidden]; hidden_states[0] is the embedding output
+        return torch.cat([out.hidden_states[i + 1] for i in self.drafter.config.target_layer_ids], dim=-1)
+
+    # --- drafting -----------------------------------------------------------------------------------------
+    def propose(self) -> torch.LongTensor:
+        """The block to verify: each row's newest token, then drafts for the positions after it."""
+        newest = self.sequences[self.rows, self.lengths[self.rows] - 1]
+        left = int((self.config.max_length - self.lengths[self.rows]).max())
+        verify_len = min(self.drafter.block_size, left)  # never draft past max_length
+        if verify_len < 2:
+            return newest[:, None]
+        drafts = self.drafter_propose(newest, verify_len)
+        return torch.cat([newest[:, None], drafts.to(newest.device)], dim=1)
+
+    def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> torch.LongTensor:
+        drafter = self.drafter
+        device = drafter.device
+        context, context_valid, context_pos = (t.to(device) for t in self.context)
+        rows = newest.shape[0]
+        block_ids = torch.full((rows, verify_len), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        block_ids[:, 0] = newest.to(device)
+        block_pos = self.next_pos.to(device)[:, None] + torch.arange(verify_len, device=device)
+        key_valid = torch.cat([self.draft_valid, context_valid, torch.ones_like(block_ids, dtype=torch.bool)], 1)
+        key_pos = torch.cat([self.draft_pos, context_pos, block_pos], dim=1)
+        hidden = drafter(
+            noise_embeds=drafter.embed(self.target, block_ids).to(device),
+            context_hidden_states=context,
+            position_ids=torch.cat([context_pos, block_pos], dim=1),
+            attention_mask=_drafter_masks(drafter.config, key_valid, key_pos, block_pos),
+            cache=self.draft_cache,
+        ).last_hidden_state
+        self.draft_cache.crop(-verify_len)  # keep the context, drop the block
+        self.draft_valid = torch.cat([self.draft_valid, context_valid], dim=1)
+        self.draft_pos = torch.cat([self.draft_pos, context_pos], dim=1)
+        return drafter.compute_logits(hidden[:, 1:], self.head).argmax(-1)
+
+    # --- verification -------------------------------------------------------------------------------------
+    def process(self, logits: torch.Tensor, drafts: torch.LongTensor) -> torch.Tensor:
+        """Logits processors at every block position: position i sees the committed tokens plus drafts[:, :i]."""
+        if self.keep_logits:
+            self._raw = logits.float()
+        scores = logits.to(dtype=torch.float32, copy=True)  # like `_sample`: processors run in float32
+        if not self.processors:
+            return scores
+        rows, length, vocab = scores.shape
+        if all(isinstance(p, _POSITION_FREE) for p in self.processors):
+            flat = self.processors(drafts.new_zeros(rows * length, 1), scores.view(-1, vocab))
+            return flat.view(rows, length, vocab)
+        for i in range(length):
+            for group, prefix in self._prefixes():
+                ids = torch.cat([prefix, drafts[group, :i]], dim=1)
+                scores[group, i] = self.processors(ids, scores[group, i])
+        return scores
+
+    def _prefixes(self):
+        """(row positions, committed ids) for groups of active rows with equal lengths, as `_sample` would see them."""
+        lengths = self.lengths[self.rows]
+        for length in lengths.unique().tolist():
+            group = (lengths == length).nonzero().squeeze(1)
+            yield group, self.sequences[self.rows[group], :length]
+
+    def choose(self, scores: torch.Tensor) -> torch.LongTensor:
+        if not self.config.do_sample:
+            return scores.argmax(-1)
+        # A greedy draft is a point-mass proposal: sampling the target at each position and accepting while the
+        # sample equals the draft is exact speculative sampling.
+        probs = F.softmax(scores, dim=-1)
+        return torch.multinomial(probs.view(-1, probs.shape[-1]), 1).view(probs.shape[:-1])
+
+    def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
+        """Append each row's first `kept` tokens one by one, checking the stopping criteria after each; return how
+        many each row committed."""
+        kept = torch.minimum(kept, self.config.max_length - self.lengths[self.rows])
+        committed = torch.zeros_like(kept)
+        done = torch.zeros_like(kept, dtype=torch.bool)
+        for j in range(int(kept.max())):
+            live = ((j < kept) & ~done).nonzero().squeeze(1)
+            if live.numel() == 0:
+                break
+            rows = self.rows[live]
+            self.sequences[rows, self.lengths[rows]] = tokens[live, j]
+            self.lengths[rows] += 1
+            committed[live] += 1
+            for i, r in zip(live.tolist(), rows.tolist()):
+                if self.keep_scores:
+                    self.scores[r].append(scores[i, j])
+                if self.keep_logits:
+                    self.raw_logits[r].append(self._raw[i, j])
+            done[live] = self._stopped(rows, scores[live, j])
+        self.finished[self.rows] |= done
+        self._stream(committed)
+        return committed
+
+    def record(self, committed: torch.LongTensor) -> None:
+        for r, n in zip(self.rows.tolist(), committed.tolist()):
+            self.acceptance_lengths[r].append(n)
+
+    def _stopped(self, rows: torch.LongTensor, scores: torch.Tensor) -> torch.BoolTensor:
+        stopped = torch.zeros(rows.shape[0], dtype=torch.bool, device=rows.device)
+        lengths = self.lengths[rows]
+        for length in lengths.unique().tolist():
+            group = (lengths == length).nonzero().squeeze(1)
+            ids = self.sequences[rows[group], :length]
+            stopped[group] = self.stopping_criteria(ids, scores[group]).to(rows.device)
+        return stopped
+
+    def _stream(self, committed: torch.LongTensor) -> None:
+        if self.streamer is None or int(committed.max()) == 0:
+            return
+        width = int(committed.max())
+        chunk = torch.full((self.sequences.shape[0], width), self.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(self.rows.tolist()):
+            end = int(self.lengths[r])
+            chunk[r, : int(committed[i])] = self.sequences[r, end - int(committed[i]) : end].cpu()
+        self.streamer.put(chunk)
+
+    def drop_finished(self) -> None:
+        live = (~self.finished[self.rows]).nonzero().squeeze(1)
+        if live.numel() == self.rows.numel():
+            return
+        self.rows = self.rows[live]
+        self.cache.batch_select_indices(live)
+        self.draft_cache.batch_select_indices(live.to(self.drafter.device))
+        live_d = live.to(self.draft_valid.device)
+        self.draft_valid, self.draft_pos = self.draft_valid[live_d], self.draft_pos[live_d]
+        self.target_mask, self.next_pos = self.target_mask[live], self.next_pos[live]
+        self.context = tuple(t[live.to(t.device)] for t in self.context)
+
+    def result(self):
+        if self.streamer is not None:
+            self.streamer.end()
+        longest = int(self.lengths.max())
+        sequences = self.sequences[:, :longest]
+        if not self.config.return_dict_in_generate:
+            return sequences
+        return DFlashGenerateOutput(
+            sequences=sequences,
+            scores=self._per_position(self.scores) if self.keep_scores else None,
+            logits=self._per_position(self.raw_logits) if self.keep_logits else None,
+            acceptance_lengths=self.acceptance_lengths,
+        )
+
+    def _per_position(self, per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        """Per-row lists -> one [batch, vocab] tensor per generated position, like `generate`. Rows that had
+        already finished at a position get -inf there."""
+        steps = max(len(r) for r in per_row)
+        vocab = next(len(t) for r in per_row for t in r)
+        filler = torch.full((vocab,), float("-inf"), device=self.sequences.device)
+        return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
+
+
+def _drafter_masks(config, key_valid, key_pos, query_pos) -> dict | None:
+    """Per-layer-type 4-D masks `[rows, 1, V, keys]`, or None when every key is visible to every query."""
+    layer_types = set(config.layer_types or ["full_attention"])
+    if key_valid.all() and layer_types == {"full_attention"}:
+        return None
+    visible = key_valid[:, None, None, :].expand(-1, 1, query_pos.shape[1], -1)
+    masks = {"full_attention": visible}
+    if "sliding_attention" in layer_types:
+        distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
+        masks["sliding_attention"] = visible & (distance >= 0) & (distance < config.sliding_window)
+    return masks
+
+
+def _check_cache(cache) -> None:
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise ValueError(
+                f"The target's cache uses {type(layer).__name__} layers, which cannot drop rejected draft tokens. "
+                "DFlash needs a target with key/value attention caches (DynamicLayer / DynamicSlidingWindowLayer)."
+            )
+
+
+def _keep_verified(cache, valid: torch.BoolTensor, keep: torch.BoolTensor) -> torch.BoolTensor:
+    """Drop the rejected verified slots from the target cache and return the new slot mask `[rows, slots]`.
+
+    `valid` [rows, S] marks real slots before the verified block, `keep` [rows, V] the block slots to keep (a
+    prefix per row). Slots past the longest kept prefix are cropped; when rows kept different lengths, each row's
+    rejected slots are moved to its left end so every row stays left-padded.
+    """
+    verify_len = keep.shape[1]
+    longest = int(keep.sum(-1).max())
+    kept = keep[:, :longest]
+    if kept.all():
+        cache.crop(longest - verify_len)
+        return torch.cat([valid, kept], dim=1)
+    slots = torch.cat([valid, kept], dim=1)  # [rows, S + longest]
+    for layer in cache.layers:
+        # A sliding layer stores only its window of the S old slots: sort inside what it stores. The rejected slots
+        # it moves left are at most `longest`, which the window trim below removes again.
+        tail = layer.keys.shape[-2] - verify_len + longest
+        order = torch.sort(slots[:, -tail:].to(torch.int8), dim=1, stable=True).indices  # rejected first
+        index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+        layer.keys = layer.keys[..., :tail, :].gather(2, index)
+        layer.values = layer.values[..., :tail, :].gather(2, index)
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length = slots.shape[1]
+            if tail >= layer.sliding_window:
+                layer.keys = layer.keys[..., -layer.sliding_window + 1 :, :]
+                layer.values = layer.values[..., -layer.sliding_window + 1 :, :]
+    order = torch.sort(slots.to(torch.int8), dim=1, stable=True).indices
+    return slots.gather(1, order)
