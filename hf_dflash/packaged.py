@@ -50,8 +50,7 @@ def _gguf_dir(entry: _Packaged) -> pathlib.Path:
     return folder
 
 
-def _convert(entry: _Packaged, out: pathlib.Path) -> None:
-    src = _gguf_dir(entry)
+def _convert(src: pathlib.Path, entry: _Packaged, out: pathlib.Path) -> None:
     gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=entry.gguf_file, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=entry.gguf_file)
     # A GGUF-loaded model refuses save_pretrained, so rebuild a plain one from its config.
@@ -77,12 +76,13 @@ def packaged_model_path(name: str = SMOLLM2_ID, cache_dir: str | os.PathLike | N
     final = pathlib.Path(root).expanduser() / name.replace("/", "--")
     if final.is_dir():
         return final
+    src = _gguf_dir(entry)  # fail before touching the cache if the package is missing
     final.parent.mkdir(parents=True, exist_ok=True)
     # Build in a sibling temp folder and rename it into place, so a killed run never leaves a half folder.
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
-        _convert(entry, tmp)
+        _convert(src, entry, tmp)
         os.replace(tmp, final)
     except OSError:
         # Another process finished first: its folder is complete, use it.

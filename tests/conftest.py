@@ -1,0 +1,151 @@
+"""Tiny random targets built from configs, and an oracle drafter for the multi-token paths."""
+
+import random
+
+import pytest
+import torch
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+import hf_dflash
+from hf_dflash import DFlashDraftModel
+from hf_dflash.generation import _Decoder
+
+VOCAB = 96
+MASK = VOCAB - 1
+PAD = 0
+DIMS = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=256,
+    pad_token_id=PAD,
+    bos_token_id=1,
+    eos_token_id=None,
+)
+ARCHITECTURES = {
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config, {}),
+    "llama": (LlamaForCausalLM, LlamaConfig, {"tie_word_embeddings": True}),
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config, {}),
+    "mistral": (MistralForCausalLM, MistralConfig, {"sliding_window": 5}),
+    # scaled embeddings and alternating sliding-window layers shorter than the outputs
+    "gemma3": (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        {"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"] * 2},
+    ),
+}
+
+
+def make_target(arch: str = "qwen3", dtype=torch.float64, seed: int = 0, **overrides):
+    model_class, config_class, extra = ARCHITECTURES[arch]
+    torch.manual_seed(seed)
+    config = config_class(**{**DIMS, **extra, **overrides})
+    return model_class(config).to(dtype).eval()
+
+
+def make_drafter(target, block_size: int = 4, num_hidden_layers: int = 1, seed: int = 1, **kwargs):
+    torch.manual_seed(seed)
+    return DFlashDraftModel.from_target(
+        target, num_hidden_layers=num_hidden_layers, block_size=block_size, mask_token_id=MASK, **kwargs
+    ).eval()
+
+
+def left_padded(batch: int, lengths=None, seed: int = 0):
+    """Random prompts with different lengths, left-padded: (input_ids, attention_mask)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = lengths or [7 - (i % 3) * 2 for i in range(batch)]
+    width = max(lengths)
+    ids = torch.randint(2, MASK, (batch, width), generator=g)
+    mask = torch.zeros(batch, width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, width - length :] = 1
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+class Oracle:
+    """Drafts the target's own greedy continuation (computed from each row's committed tokens), right up to a
+    position: `correct_upto=None` keeps all drafts right, an int k keeps the first k, "random" picks k per row and
+    step. The real drafter still runs first, so its cache bookkeeping is exercised too."""
+
+    def __init__(self, correct_upto=None, seed: int = 0):
+        self.correct_upto = correct_upto
+        self.rng = random.Random(seed)
+        self.calls = 0
+
+    def __call__(self, decoder, newest, verify_len):
+        drafts = _REAL_PROPOSE(decoder, newest, verify_len)
+        self.calls += 1
+        rows = []
+        for r in decoder.rows.tolist():
+            ids = decoder.sequences[r, : decoder.lengths[r]][None]
+            padding = (torch.arange(ids.shape[1]) < decoder.prompt_len) & (ids == PAD)  # prompts never hold PAD
+            for _ in range(verify_len - 1):
+                mask = torch.cat([~padding, torch.ones(1, ids.shape[1] - padding.shape[1], dtype=torch.bool)], 1)
+                positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+                logits = decoder.target(ids, attention_mask=mask.long(), position_ids=positions).logits[:, -1].float()
+                ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+            continuation = ids[0, -(verify_len - 1) :].clone()
+            k = self.correct_upto
+            if k == "random":
+                k = self.rng.randint(0, verify_len - 1)
+            if k is not None:
+                continuation[k:] = (continuation[k:] + 1) % MASK  # wrong from position k on
+            rows.append(continuation)
+        return torch.stack(rows).to(drafts.device)
+
+
+_REAL_PROPOSE = _Decoder.drafter_propose
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """oracle(correct_upto=...) installs an Oracle as the drafting step and returns it."""
+
+    def install(correct_upto=None, seed: int = 0) -> Oracle:
+        instance = Oracle(correct_upto, seed)
+        monkeypatch.setattr(_Decoder, "drafter_propose", lambda self, newest, n: instance(self, newest, n))
+        return instance
+
+    return install
+
+
+class ForwardCounter:
+    """Counts the target forwards of a generation loop (calls that use a KV cache, so the oracle's own
+    cache-free calls are not counted) and the tokens each one read, by wrapping the model's forward."""
+
+    def __init__(self, model):
+        self.tokens = []
+        original = model.forward
+
+        def counted(*args, **kwargs):
+            if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+                ids = kwargs.get("input_ids", args[0] if args else None)
+                self.tokens.append(ids.shape[1])
+            return original(*args, **kwargs)
+
+        model.forward = counted
+
+    @property
+    def calls(self) -> int:
+        return len(self.tokens)
+
+
+@pytest.fixture(autouse=True)
+def _hooks_installed():
+    hf_dflash.install_hooks()
+    yield

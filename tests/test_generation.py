@@ -1,0 +1,95 @@
+"""Greedy losslessness of `target.generate(assistant_model=drafter)`: token-identical to plain greedy."""
+
+import pytest
+import torch
+
+from conftest import ARCHITECTURES, ForwardCounter, left_padded, make_drafter, make_target
+
+
+def plain_and_dflash(target, drafter, ids, mask, **kwargs):
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, **kwargs)
+    fast = target.generate(ids, attention_mask=mask, do_sample=False, assistant_model=drafter, **kwargs)
+    return plain, fast
+
+
+@pytest.mark.parametrize("block_size", [2, 3, 8, 16])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 8, 21])
+def test_random_drafter_matches_plain_greedy(block_size, max_new_tokens):
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=block_size)
+    ids, mask = left_padded(3)
+    plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=max_new_tokens)
+    assert torch.equal(plain, fast)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("correct_upto", [None, 0, 2, "random"])
+def test_oracle_drafter_matches_plain_greedy(arch, correct_upto, oracle):
+    target = make_target(arch)
+    drafter = make_drafter(target, block_size=5)
+    ids, mask = left_padded(4)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    oracle(correct_upto=correct_upto)
+    out = target.generate(
+        ids, attention_mask=mask, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(plain, out.sequences)
+    taus = [sum(a) / len(a) for a in out.acceptance_lengths]
+    if correct_upto is None:
+        assert min(taus) > 4.0  # block 5: nearly every step commits 5 tokens
+    elif correct_upto == 0:
+        assert max(taus) == 1.0
+
+
+def test_batched_equals_each_row_alone(oracle):
+    target = make_target("gemma3")  # sliding windows shorter than the outputs
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(4, lengths=[3, 9, 6, 1])
+    oracle(correct_upto="random", seed=3)
+    batched = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30, assistant_model=drafter)
+    for row in range(4):
+        start = int((mask[row] == 0).sum())
+        alone = target.generate(ids[row : row + 1, start:], do_sample=False, max_new_tokens=30, assistant_model=drafter)
+        assert torch.equal(alone[0], batched[row, start:])
+
+
+def test_accepts_several_tokens_per_target_forward(oracle):
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    ids, _ = left_padded(1, lengths=[5])
+    oracle(correct_upto=None)
+    counter = ForwardCounter(target)
+    out = target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter)
+    assert out.shape[1] == 5 + 13
+    # 13 tokens in 4 target forwards: the prefill's token, then 3 verifications committing 4 each
+    assert counter.tokens == [5, 4, 4, 4]
+
+
+def test_eos_inside_an_accepted_block(oracle):
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=8)
+    ids, mask = left_padded(2)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    eos = int(plain[0, ids.shape[1] + 4])  # row 0's 5th new token
+    oracle(correct_upto=None)
+    plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=20, eos_token_id=eos)
+    assert torch.equal(plain, fast)
+    assert (fast[0, ids.shape[1] :] == eos).nonzero()[0].item() <= 4  # row 0 stopped inside a block
+
+
+def test_max_length_instead_of_max_new_tokens(oracle):
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=6)
+    ids, mask = left_padded(3)
+    oracle(correct_upto=None)
+    plain, fast = plain_and_dflash(target, drafter, ids, mask, max_length=ids.shape[1] + 9)
+    assert torch.equal(plain, fast)
+
+
+def test_drafter_in_another_dtype_is_cast():
+    target = make_target("qwen3", dtype=torch.float32)
+    drafter = make_drafter(target).to(torch.bfloat16)
+    ids, mask = left_padded(2)
+    plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
+    assert torch.equal(plain, fast)
