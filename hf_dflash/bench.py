@@ -1,0 +1,26 @@
+"""Measuring a drafter: acceptance length and speedup over plain generate."""
+
+import torch
+
+from .data import read_prompts
+
+
+def chat_inputs(tokenizer, messages, device=None) -> dict:
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    return {k: v.to(device) for k, v in enc.items()} if device is not None else dict(enc)
+
+
+@torch.no_grad()
+def acceptance_on_prompts(target, drafter, tokenizer, prompts, max_new_tokens: int = 64, limit: int = 8) -> dict:
+    """Greedy acceptance length (tokens committed per target forward, pooled over all steps) on chat prompts."""
+    if isinstance(prompts, str):
+        prompts = list(read_prompts(prompts, limit=limit))
+    committed = steps = 0
+    for prompt in prompts[:limit]:
+        out = target.generate(
+            **chat_inputs(tokenizer, prompt.messages, target.device), assistant_model=drafter,
+            max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
+        )
+        committed += sum(out.acceptance_lengths[0])
+        steps += len(out.acceptance_lengths[0])
+    return {"prompts": min(len(prompts), limit), "acceptance_length": committed / max(steps, 1)}
