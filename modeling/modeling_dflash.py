@@ -169,6 +169,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             extras["input_embedding_scale"] = float(embed_scale)
         if getattr(text, "final_logit_softcapping", None):
             extras["final_logit_softcapping"] = float(text.final_logit_softcapping)
+        extras.update(config_kwargs.pop("dflash_config", None) or {})  # keys the caller sets explicitly win
         config = DFlashConfig(
             hidden_size=text.hidden_size,
             intermediate_size=text.intermediate_size,
@@ -230,7 +231,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         for layer in self.layers:
             mask = masks[layer.self_attn.layer_type or "full_attention"]
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))
 
     def _layer_masks(self, attention_mask, position_ids, context_len, past_len, dtype) -> dict:
         """One mask per layer type, in the format the attention implementation expects."""

@@ -149,3 +149,19 @@ class ForwardCounter:
 def _hooks_installed():
     hf_dflash.install_hooks()
     yield
+
+
+def make_tokenizer(vocab_size: int = VOCAB):
+    """An in-memory tokenizer for the tiny targets: one printable character per token id, `<pad>` = PAD, `<s>` = 1,
+    `<mask>` = the last id. Decoding concatenates characters, so token boundaries never add text."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<s>": 1, "<mask>": vocab_size - 1}
+    vocab.update({chr(33 + i): i + 2 for i in range(vocab_size - 3)})  # "!" .. : ids 2 .. vocab_size - 2
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<mask>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", mask_token="<mask>", padding_side="left"
+    )

@@ -1,0 +1,198 @@
+"""The `hf-dflash` command (also `python -m hf_dflash`): a thin layer of argument parsing over the Python API.
+
+    hf-dflash demo                       # speculative decoding on the packaged SmolLM2-135M-Instruct
+    hf-dflash prepare-data --target ID --prompts prompts.jsonl --output data.jsonl
+    hf-dflash train --target ID --data data.jsonl --output my-drafter --num-layers 2 --block-size 8
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import typing
+from pathlib import Path
+
+DEMO_PROMPTS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Give three tips for staying healthy.",
+]
+SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "examples" / "drafters" / "smollm2-135m-instruct-dflash"
+
+
+def _load_target(name: str, dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .packaged import resolve_model_path
+
+    path = resolve_model_path(name)
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return target, tokenizer
+
+
+def demo(args) -> int:
+    import torch
+    from transformers import AutoModel
+
+    import hf_dflash
+
+    from .bench import chat_inputs
+
+    torch.set_num_threads(args.threads)
+    target, tokenizer = _load_target(args.target)
+    if args.drafter:
+        drafter, trained = AutoModel.from_pretrained(args.drafter), True
+    elif SHIPPED_DRAFTER.is_dir() and args.target == SMOLLM2:
+        drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER)), True
+    else:
+        torch.manual_seed(0)
+        drafter, trained = hf_dflash.DFlashDraftModel.from_target(target, 1, args.block_size, tokenizer=tokenizer), False
+    drafter.eval()
+    print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
+          f"| block size {drafter.block_size} | torch threads {args.threads}")
+    if not trained:
+        print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
+              "target's, but it accepts almost no drafts, so it is slower than plain generate. Train one with "
+              "`hf-dflash train`.")
+    total_plain = total_fast = 0.0
+    committed = steps = 0
+    for prompt in DEMO_PROMPTS[: args.num_prompts]:
+        inputs = chat_inputs(tokenizer, [{"role": "user", "content": prompt}])
+        start = time.perf_counter()
+        plain = target.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
+        total_plain += time.perf_counter() - start
+        start = time.perf_counter()
+        out = target.generate(
+            **inputs, max_new_tokens=args.max_new_tokens, do_sample=False, assistant_model=drafter,
+            return_dict_in_generate=True,
+        )
+        total_fast += time.perf_counter() - start
+        accepted = out.acceptance_lengths[0]
+        committed, steps = committed + sum(accepted), steps + len(accepted)
+        answer = tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        same = torch.equal(plain, out.sequences)
+        print(f"\n> {prompt}\n{answer.strip()}\n[acceptance length {sum(accepted) / max(len(accepted), 1):.2f} "
+              f"over {len(accepted)} target forwards; identical to plain generate: {same}]")
+        if not same:
+            print("ERROR: output differs from plain greedy generate", file=sys.stderr)
+            return 1
+    print(f"\nacceptance length (tokens per target forward): {committed / max(steps, 1):.2f}")
+    print(f"time: plain generate {total_plain:.2f} s, DFlash {total_fast:.2f} s -> speedup {total_plain / total_fast:.2f}x"
+          f" (measured in this run, {args.num_prompts} prompts, {args.max_new_tokens} max new tokens)")
+    return 0
+
+
+def prepare_data_cmd(args) -> int:
+    import torch
+
+    from .data import read_prompts, prepare_data
+
+    torch.set_num_threads(args.threads)
+    target, tokenizer = _load_target(args.target, args.dtype)
+    prompts = list(read_prompts(args.prompts, limit=args.limit))
+    stats = prepare_data(
+        target, tokenizer, prompts, args.output, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+        do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
+        enable_thinking=args.enable_thinking, max_prompt_tokens=args.max_prompt_tokens,
+    )
+    print(json.dumps(dataclasses.asdict(stats), indent=2))
+    return 0
+
+
+def train_cmd(args) -> int:
+    from .training import TrainingConfig, train
+
+    fields = {f.name for f in dataclasses.fields(TrainingConfig)}
+    config = TrainingConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    train(config)
+    print(f"saved the drafter to {config.output}")
+    return 0
+
+
+def _add_training_args(parser) -> None:
+    """One flag per TrainingConfig field, typed from the dataclass."""
+    from .training import TrainingConfig
+
+    hints = typing.get_type_hints(TrainingConfig)
+    for f in dataclasses.fields(TrainingConfig):
+        if f.name == "extra":
+            continue
+        flag, kind, help_text = "--" + f.name.replace("_", "-"), hints[f.name], _FIELD_HELP.get(f.name)
+        required = f.default is dataclasses.MISSING
+        default = None if required else f.default
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif kind == list[int] | None:
+            parser.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
+        else:
+            base = kind if kind in (int, float, str) else next(t for t in typing.get_args(kind) if t in (int, float, str))
+            parser.add_argument(flag, type=base, default=default, required=required, help=help_text)
+
+
+_FIELD_HELP = {
+    "target": "target model: Hub id or local folder",
+    "data": "prepared JSONL (hf-dflash prepare-data)",
+    "output": "output folder for the drafter and checkpoints/",
+    "num_layers": "drafter decoder layers",
+    "block_size": "tokens per block (drafts block_size - 1 per step)",
+    "num_anchors": "blocks per sequence per step (recipe: 512; lower on CPU)",
+    "gamma": "slot weight decay exp(-(k-1)/gamma); default by block size",
+    "max_steps": "optimizer steps (overrides --epochs)",
+    "cache_features": "compute target features once and keep them in memory",
+    "resume": "continue from the newest checkpoint in OUTPUT/checkpoints",
+    "bf16": "bf16 autocast with fp32 master weights",
+    "eval_prompts": "prompts file for a real acceptance-length eval with generate",
+}
+
+
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-dflash", description="DFlash speculative decoding for transformers")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="speculative decoding on a real target, compared with plain generate")
+    p.add_argument("--target", default=SMOLLM2, help="target model (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", help="drafter folder or Hub id (default: the shipped drafter, else an untrained one)")
+    p.add_argument("--block-size", type=int, default=8, help="block size of an untrained drafter")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--num-prompts", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads, pinned so timings compare")
+    p.set_defaults(func=demo)
+
+    p = sub.add_parser("prepare-data", help="regenerate responses with the target: training data for a drafter")
+    p.add_argument("--target", required=True, help="target model: Hub id or local folder")
+    p.add_argument("--prompts", required=True, help="JSONL/JSON/text file of prompts, or 'sharegpt' (packaged)")
+    p.add_argument("--output", required=True, help="JSONL to write (appended to, resumable)")
+    p.add_argument("--limit", type=int, help="use at most this many prompts")
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy responses")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None,
+                   help="thinking mode for chat templates that have one (recorded in the data)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=prepare_data_cmd)
+
+    p = sub.add_parser("train", help="train a drafter (also under `accelerate launch -m hf_dflash train`)")
+    _add_training_args(p)
+    p.set_defaults(func=train_cmd)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
