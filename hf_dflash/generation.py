@@ -282,18 +282,22 @@ class _Decoder:
         if all(isinstance(p, _POSITION_FREE) for p in self.processors):
             flat = self.processors(drafts.new_zeros(rows * length, 1), scores.view(-1, vocab))
             return flat.view(rows, length, vocab)
-        for i in range(length):
-            for group, prefix in self._prefixes():
-                ids = torch.cat([prefix, drafts[group, :i]], dim=1)
-                scores[group, i] = self.processors(ids, scores[group, i])
+        # Processors may hold state for every row of the batch (repetition_penalty's padding lengths,
+        # prefix_allowed_tokens_fn's batch_id), so they always see the whole batch, as in `_sample`. One group of
+        # active rows with equal committed lengths at a time; the other rows show their own ids cut or padded to the
+        # same width, and their outputs are discarded.
+        batch = self.sequences.shape[0]
+        active_lengths = self.lengths[self.rows]
+        for committed in active_lengths.unique().tolist():
+            group = (active_lengths == committed).nonzero().squeeze(1)
+            rows = self.rows[group]
+            for i in range(min(length, self.config.max_length - committed)):  # later positions are never committed
+                ids = self.sequences[:, : committed + i].clone()
+                ids[rows, committed:] = drafts[group, :i]
+                full = scores.new_zeros(batch, vocab)
+                full[rows] = scores[group, i]
+                scores[group, i] = self.processors(ids, full)[rows]
         return scores
-
-    def _prefixes(self):
-        """(row positions, committed ids) for groups of active rows with equal lengths, as `_sample` would see them."""
-        lengths = self.lengths[self.rows]
-        for length in lengths.unique().tolist():
-            group = (lengths == length).nonzero().squeeze(1)
-            yield group, self.sequences[self.rows[group], :length]
 
     def choose(self, scores: torch.Tensor) -> torch.LongTensor:
         if not self.config.do_sample:

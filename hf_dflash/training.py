@@ -188,9 +188,8 @@ def chunked_loss(hidden, head, labels, mask, weights, chunk_size: int):
     """Weighted cross-entropy of the drafter's hidden states through the frozen lm_head, `chunk_size` rows at a time
     (recomputed in backward), so the [rows, vocab] logits never exist all at once.
 
-    hidden [R, H], labels [R], mask [R] bool, weights [R]. Returns (loss, correct [R] bool)."""
+    hidden [R, H], labels [R], mask [R] bool, weights [R]. Returns (weighted loss sum, correct [R] bool)."""
     rows = mask.nonzero().squeeze(1)
-    total_weight = weights[rows].sum().clamp(min=1e-6)
     loss = hidden.new_zeros((), dtype=torch.float32)
     correct = torch.zeros_like(mask)
 
@@ -207,18 +206,19 @@ def chunked_loss(hidden, head, labels, mask, weights, chunk_size: int):
             part, hits = chunk_loss(*args)
         loss = loss + part
         correct[idx] = hits
-    return loss / total_weight, correct
+    return loss, correct
 
 
 def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config: TrainingConfig, slot_weight, forward=None):
-    """Loss and metrics of one micro-batch. features: [b, T, len(ids) * H] target features (no grad).
+    """Weighted loss sum (divide by metrics["weight"] for the mean) and metrics of one micro-batch. features: [b, T, len(ids) * H] target features (no grad).
     `forward` is the module to call (the DDP / FSDP wrapper when distributed); `drafter` the unwrapped model."""
     B = config.block_size
     b, NB = batch["block_ids"].shape
     N = NB // B
     T = batch["input_ids"].shape[1]
     device = features.device
-    noise = drafter.embed(target, batch["block_ids"].to(device))
+    with torch.no_grad():  # the embedding is the target's, frozen
+        noise = drafter.embed(target, batch["block_ids"].to(device))
     positions = torch.cat([torch.arange(T, device=device).expand(b, -1), batch["block_pos"].to(device)], dim=1)
     masks = {}
     flex = drafter.config._attn_implementation == "flex_attention"
@@ -246,6 +246,7 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config: T
     # Greedy acceptance of a block = length of its correct prefix (a wrong or missing slot ends it).
     accepted = (correct & slot_mask).long().cumprod(-1).sum(-1)[batch["anchor_valid"].to(device)]
     metrics = {
+        "weight": weights.sum(),
         "slot_correct": (correct & slot_mask).sum((0, 1)).float(),
         "slot_count": slot_mask.sum((0, 1)).float(),
         "accepted": accepted.float().sum(),
@@ -282,7 +283,12 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     if target is None:
         path = resolve_model_path(config.target)
         target = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+        try:
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError):
+            if config.mask_token_id is None or config.eval_prompts:
+                raise  # the tokenizer picks the mask token and templates eval prompts
+            tokenizer = None
     target.requires_grad_(False).eval().to(accelerator.device)
 
     torch.manual_seed(config.seed)
@@ -302,7 +308,9 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
 
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, round(config.warmup_ratio * max_steps), max_steps)
-    drafter, optimizer, scheduler = accelerator.prepare(drafter, optimizer, scheduler)
+    # The scheduler is stepped once per optimizer step by hand: a prepared one would step once per process.
+    drafter, optimizer = accelerator.prepare(drafter, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
     raw_drafter = accelerator.unwrap_model(drafter)
     weights = slot_weights(config.block_size, config.gamma)
 
@@ -315,26 +323,32 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     window = _Window()
     start = time.perf_counter()
     while step < max_steps:
-        for micro in range(config.gradient_accumulation_steps):
-            indices = _micro_batch(len(samples), step, micro, accelerator.process_index, config, world, steps_per_epoch)
-            batch_samples = [samples[i] for i in indices]
-            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1009 + micro * 31 + accelerator.process_index)
-            anchors = [sample_anchors(torch.tensor(m), config.num_anchors, generator) for _, m in batch_samples]
-            batch = build_batch(batch_samples, anchors, config.block_size, raw_drafter.config.mask_token_id)
+        micro_batches = [
+            _make_micro_batch(samples, step, micro, accelerator.process_index, config, world, steps_per_epoch,
+                              raw_drafter.config.mask_token_id)
+            for micro in range(config.gradient_accumulation_steps)
+        ]
+        # The loss is the weighted mean over every slot of the global batch: normalise by the global weight, scaled
+        # back up by what DDP (mean over processes) and accelerate (mean over micro-batches) divide by.
+        local_weight = sum((weights[None, None] * b["label_mask"]).sum() for _, b in micro_batches)
+        global_weight = accelerator.reduce(local_weight.to(accelerator.device), "sum").clamp(min=1e-6)
+        scale = world * config.gradient_accumulation_steps / global_weight
+        for indices, batch in micro_batches:
             device = accelerator.device
             if feature_cache is not None:
                 features = _pad_features([feature_cache[i] for i in indices], batch["input_ids"].shape[1]).to(device)
             else:
                 features = target_features(target, batch["input_ids"].to(device), batch["valid"].to(device), layer_ids)
             with accelerator.accumulate(drafter), accelerator.autocast():
-                loss, metrics = drafter_loss(raw_drafter, target, batch, features, config, weights, forward=drafter)
-                accelerator.backward(loss)
+                weighted_sum, metrics = drafter_loss(raw_drafter, target, batch, features, config, weights, forward=drafter)
+                accelerator.backward(weighted_sum * scale)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(drafter.parameters(), config.max_grad_norm)
                 optimizer.step()
-                scheduler.step()
                 optimizer.zero_grad()
-            window.add(loss.detach(), metrics, sum(len(s[0]) for s in batch_samples))
+            if accelerator.sync_gradients:
+                scheduler.step()
+            window.add(weighted_sum.detach(), metrics, int(batch["valid"].sum()))
         step += 1
         window.steps += 1
         bar.update(1)
@@ -365,6 +379,16 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     return raw_drafter
 
 
+def _make_micro_batch(samples, step, micro, rank, config, world, steps_per_epoch, mask_token_id):
+    indices = _micro_batch(len(samples), step, micro, rank, config, world, steps_per_epoch)
+    # Anchors seeded by (step, sample): the same blocks whatever the number of processes, and on resume.
+    anchors = [
+        sample_anchors(torch.tensor(samples[i][1]), config.num_anchors, _generator(config.seed, step, i))
+        for i in indices
+    ]
+    return indices, build_batch([samples[i] for i in indices], anchors, config.block_size, mask_token_id)
+
+
 def _micro_batch(num_samples, step, micro, rank, config, world, steps_per_epoch) -> list[int]:
     """Sample indices of one micro-batch: a seeded permutation per epoch, so a resumed run sees the same order."""
     epoch, within = divmod(step, steps_per_epoch)
@@ -374,6 +398,10 @@ def _micro_batch(num_samples, step, micro, rank, config, world, steps_per_epoch)
     return [order[(base + i) % num_samples] for i in range(config.batch_size)]
 
 
+def _generator(*seeds: int) -> torch.Generator:
+    return torch.Generator().manual_seed(hash(seeds) % (2**63))
+
+
 class _Window:
     """Running sums between two log lines."""
 
@@ -381,11 +409,10 @@ class _Window:
         self.reset()
 
     def reset(self):
-        self.loss, self.n, self.steps, self.tokens, self.metrics = 0.0, 0, 0, 0, {}
+        self.steps, self.tokens, self.metrics = 0, 0, {}
 
-    def add(self, loss, metrics, tokens):
-        self.loss += float(loss)
-        self.n += 1
+    def add(self, weighted_loss, metrics, tokens):
+        metrics = {**metrics, "weighted_loss": weighted_loss}
         self.tokens += tokens
         for k, v in metrics.items():
             self.metrics[k] = self.metrics.get(k, 0) + v.detach().float().cpu()
@@ -395,7 +422,7 @@ class _Window:
         accuracy = (totals["slot_correct"] / totals["slot_count"].clamp(min=1)).tolist()
         record = {
             "step": step,
-            "loss": self.loss / max(self.n, 1),
+            "loss": float(totals["weighted_loss"] / totals["weight"].clamp(min=1e-6)),
             "lr": lr,
             "slot_accuracy": [round(a, 4) for a in accuracy],
             "predicted_tau": float(1 + totals["accepted"] / totals["blocks"].clamp(min=1)),

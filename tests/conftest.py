@@ -60,9 +60,8 @@ def make_target(arch: str = "qwen3", dtype=torch.float64, seed: int = 0, **overr
 
 def make_drafter(target, block_size: int = 4, num_hidden_layers: int = 1, seed: int = 1, **kwargs):
     torch.manual_seed(seed)
-    return DFlashDraftModel.from_target(
-        target, num_hidden_layers=num_hidden_layers, block_size=block_size, mask_token_id=MASK, **kwargs
-    ).eval()
+    kwargs.setdefault("mask_token_id", MASK)
+    return DFlashDraftModel.from_target(target, num_hidden_layers=num_hidden_layers, block_size=block_size, **kwargs).eval()
 
 
 def left_padded(batch: int, lengths=None, seed: int = 0):

@@ -1,0 +1,197 @@
+"""Training: masks against a brute-force reference, loss weights, what a step updates, end to end, resume, DDP."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from transformers import AutoModelForCausalLM
+
+from conftest import MASK, make_drafter, make_target
+from hf_dflash import DFlashDraftModel
+from hf_dflash.training import (
+    TrainingConfig,
+    build_batch,
+    default_gamma,
+    drafter_loss,
+    sample_anchors,
+    slot_weights,
+    train,
+    training_mask,
+)
+
+
+def brute_force_mask(anchors, anchor_valid, valid, B, window):
+    b, N = anchors.shape
+    T = valid.shape[1]
+    out = torch.zeros(b, N * B, T + N * B, dtype=torch.bool)
+    for i in range(b):
+        for q in range(N * B):
+            j, k = divmod(q, B)
+            a = int(anchors[i, j])
+            for t in range(T):  # context strictly before the anchor, real tokens, windowed by position
+                ok = bool(anchor_valid[i, j]) and t < a and bool(valid[i, t])
+                out[i, q, t] = ok and (window is None or (a + k) - t < window)
+            for kv in range(N * B):  # own block only; causal inside it for a sliding layer
+                j2, k2 = divmod(kv, B)
+                out[i, q, T + kv] = j2 == j and (window is None or k2 <= k)
+    return out[:, None]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_training_mask_matches_brute_force(window):
+    g = torch.Generator().manual_seed(0)
+    lengths, B = [11, 7, 9], 4
+    samples = [([2] * n, [0, 0] + [1] * (n - 2)) for n in lengths]
+    anchors = [sample_anchors(torch.tensor(m), n, g) for (_, m), n in zip(samples, [3, 2, 4])]
+    batch = build_batch(samples, anchors, B, MASK)
+    assert not batch["anchor_valid"].all()  # rows 0 and 1 carry padding blocks
+    mask = training_mask(batch["anchors"], batch["anchor_valid"], batch["valid"], B, window)
+    expected = brute_force_mask(batch["anchors"], batch["anchor_valid"], batch["valid"], B, window)
+    assert torch.equal(mask, expected)
+    assert mask.any(-1).all()  # no fully masked row, padding blocks included
+
+
+def test_anchors_need_supervised_next_token():
+    mask = torch.tensor([0, 1, 1, 0, 1, 1, 1, 0])
+    anchors = sample_anchors(mask, 100, torch.Generator().manual_seed(0))
+    assert anchors.tolist() == [1, 4, 5]  # a with mask[a] = mask[a + 1] = 1
+    assert len(sample_anchors(mask, 2, torch.Generator().manual_seed(0))) == 2
+
+
+def test_labels_are_same_position_not_shifted():
+    ids = list(range(10, 30))
+    batch = build_batch([(ids, [1] * 20)], [torch.tensor([5])], 4, MASK)
+    assert batch["block_ids"][0].tolist() == [15, MASK, MASK, MASK]
+    assert batch["labels"][0, 0, 1:].tolist() == [16, 17, 18]  # slot k predicts x_{a+k}
+    assert batch["block_pos"][0].tolist() == [5, 6, 7, 8]
+
+
+def test_slot_weights_follow_the_recipe():
+    assert (default_gamma(16), default_gamma(10), default_gamma(8)) == (7.0, 5.0, 4.0)
+    w = slot_weights(8)
+    assert w[0] == 0 and w[1] == 1
+    torch.testing.assert_close(w[2:], torch.exp(-torch.arange(1, 7) / 4.0))
+    torch.testing.assert_close(slot_weights(4, gamma=2.0)[3], torch.exp(torch.tensor(-1.0)))
+
+
+def test_one_step_updates_every_trainable_parameter_and_nothing_frozen():
+    target = make_target("qwen3", dtype=torch.float32).requires_grad_(False)  # as train() freezes it
+    drafter = make_drafter(target, block_size=4, num_hidden_layers=2).float().train()
+    frozen = {k: v.clone() for k, v in target.state_dict().items()}
+    before = {k: v.clone() for k, v in drafter.named_parameters()}
+    samples = [(torch.randint(2, MASK, (24,)).tolist(), [0] * 4 + [1] * 20) for _ in range(2)]
+    g = torch.Generator().manual_seed(0)
+    batch = build_batch(samples, [sample_anchors(torch.tensor(m), 6, g) for _, m in samples], 4, MASK)
+    with torch.no_grad():
+        out = target(input_ids=batch["input_ids"], attention_mask=batch["valid"].long(), output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], -1)
+    config = TrainingConfig(target="", data="", output="", block_size=4)
+    loss, metrics = drafter_loss(drafter, target, batch, features, config, slot_weights(4))
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-2)
+    loss.backward()
+    optimizer.step()
+    assert loss.item() > 0 and metrics["slot_count"].sum() > 0
+    for name, value in drafter.named_parameters():
+        assert not torch.equal(value, before[name]), f"{name} did not change"
+    for name, value in target.state_dict().items():
+        assert torch.equal(value, frozen[name]), f"frozen {name} changed"
+
+
+def tiny_data(target, path, n=48, prompt_len=5, new_tokens=40):
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, target.config.vocab_size - 1, (n, prompt_len), generator=g)
+    out = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens, do_sample=False)
+    with open(path, "w") as f:
+        for i, row in enumerate(out.tolist()):
+            f.write(json.dumps({"id": str(i), "input_ids": row, "loss_mask": [0] * prompt_len + [1] * new_tokens}) + "\n")
+    return prompts
+
+
+def acceptance(target, drafter, prompts):
+    out = target.generate(
+        prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=30, do_sample=False,
+        assistant_model=drafter, return_dict_in_generate=True,
+    )
+    steps = [n for row in out.acceptance_lengths for n in row]
+    return sum(steps) / len(steps)  # tokens committed per target forward
+
+
+def test_training_raises_real_acceptance_length(tmp_path):
+    target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
+    prompts = tiny_data(target, tmp_path / "data.jsonl")
+    config = TrainingConfig(
+        target="tiny", data=str(tmp_path / "data.jsonl"), output=str(tmp_path / "drafter"), block_size=4,
+        mask_token_id=47, num_anchors=40, batch_size=8, max_steps=200, learning_rate=3e-3, warmup_ratio=0.02,
+        logging_steps=50, save_steps=1000,
+    )
+    untrained = make_drafter(target, block_size=4, mask_token_id=47)
+    drafter = train(config, target=target)
+    before, after = acceptance(target, untrained, prompts[:8]), acceptance(target, drafter, prompts[:8])
+    assert after > before + 0.5, (before, after)
+    log = [json.loads(line) for line in open(tmp_path / "drafter" / "train_log.jsonl")]
+    assert log[-1]["loss"] < log[0]["loss"] and log[-1]["predicted_tau"] > log[0]["predicted_tau"]
+    saved = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert saved["dflash_config"]["mask_token_id"] == 47 and saved["architectures"] == ["DFlashDraftModel"]
+    assert "{{" not in (tmp_path / "drafter" / "README.md").read_text()
+
+
+def _cli_setup(tmp_path):
+    target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
+    target.save_pretrained(tmp_path / "target")
+    tiny_data(target, tmp_path / "data.jsonl", n=16)
+    return ["--target", str(tmp_path / "target"), "--data", str(tmp_path / "data.jsonl"), "--block-size", "4",
+            "--mask-token-id", "47", "--num-anchors", "8", "--learning-rate", "3e-3", "--logging-steps", "5"]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_resume_after_kill_continues_the_same_run(tmp_path):
+    args = _cli_setup(tmp_path) + ["--batch-size", "2", "--max-steps", "40", "--save-steps", "10"]
+    train_cmd = [sys.executable, "-m", "hf_dflash", "train"]
+    subprocess.run(train_cmd + args + ["--output", str(tmp_path / "straight")], check=True, env=ENV)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(train_cmd + args + ["--output", str(killed)], env=ENV)
+    deadline = time.time() + 120
+    while not (killed / "checkpoints" / "checkpoint-20").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "model.safetensors").exists()  # it really died mid-run
+    done = sorted(p.name for p in (killed / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert "checkpoint-10" in done
+    subprocess.run(train_cmd + args + ["--output", str(killed), "--resume"], check=True, env=ENV)
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(killed / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+def test_two_process_ddp_matches_single_process(tmp_path):
+    args = _cli_setup(tmp_path) + ["--max-steps", "6", "--save-steps", "100", "--logging-steps", "1"]
+    single = [sys.executable, "-m", "hf_dflash", "train", "--batch-size", "4"]
+    subprocess.run(single + args + ["--output", str(tmp_path / "one")], check=True, env=ENV)
+    # Two CPU processes over gloo: accelerate's torchrun launcher (--multi_gpu) told to stay on the CPU.
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "-m", "hf_dflash", "train", "--batch-size", "2"]
+    env = {**ENV, "ACCELERATE_USE_CPU": "true"}
+    subprocess.run(launch + args + ["--output", str(tmp_path / "two")], check=True, env=env, timeout=300)
+    log = [json.loads(line) for line in open(tmp_path / "two" / "train_log.jsonl")]
+    assert log[0]["tokens_per_s"] > 0
+    one = [json.loads(line) for line in open(tmp_path / "one" / "train_log.jsonl")]
+    assert abs(one[0]["loss"] - log[0]["loss"]) < 1e-5  # the same global batch, anchors and loss normalisation
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    torch.manual_seed(0)  # the CLI's initialisation, to measure how far training moved the weights
+    start = DFlashDraftModel.from_target(AutoModelForCausalLM.from_pretrained(tmp_path / "target"), 1, 4, 47).state_dict()
+    moved = sum((a[k] - start[k]).norm() ** 2 for k in a) ** 0.5
+    apart = sum((a[k] - b[k]).norm() ** 2 for k in a) ** 0.5
+    # Adam turns float-summation noise in near-zero gradients into +-lr steps, so the runs are close, not equal
+    assert apart < 0.05 * moved, (float(apart), float(moved))
