@@ -115,6 +115,27 @@ def train_cmd(args) -> int:
     return 0
 
 
+def card_cmd(args) -> int:
+    from .hub import write_model_card
+
+    path = write_model_card(args.folder, args.repo_id, args.results)
+    print(f"wrote {path}")
+    return 0
+
+
+def push_cmd(args) -> int:
+    from .hub import push_drafter
+
+    uploads = push_drafter(args.folder, args.repo_id, private=args.private, token=args.token,
+                           revision=args.revision, dry_run=args.dry_run)
+    verb = "would upload" if args.dry_run else "uploaded"
+    for name, size in uploads:
+        print(f"{verb} {name} ({size / 1e6:.2f} MB)")
+    if not args.dry_run:
+        print(f"https://huggingface.co/{args.repo_id}")
+    return 0
+
+
 def _add_training_args(parser) -> None:
     """One flag per TrainingConfig field, typed from the dataclass."""
     from .training import TrainingConfig
@@ -186,6 +207,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a drafter (also under `accelerate launch -m hf_dflash train`)")
     _add_training_args(p)
     p.set_defaults(func=train_cmd)
+
+    p = sub.add_parser("card", help="render (or refresh) the README.md model card of a saved drafter folder")
+    p.add_argument("folder")
+    p.add_argument("--repo-id", help="the Hub repository the card's usage examples name")
+    p.add_argument("--results", help="a benchmark JSON (hf-dflash bench) to report")
+    p.set_defaults(func=card_cmd)
+
+    p = sub.add_parser("push", help="upload a saved drafter folder to the Hub (card rendered for the repo)")
+    p.add_argument("folder")
+    p.add_argument("repo_id")
+    p.add_argument("--private", action="store_true")
+    p.add_argument("--token", help="Hub token (default: the logged-in one)")
+    p.add_argument("--revision", help="branch to push to")
+    p.add_argument("--dry-run", action="store_true", help="list what would be uploaded; upload nothing")
+    p.set_defaults(func=push_cmd)
     return parser
 
 

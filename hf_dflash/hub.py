@@ -1,84 +1,127 @@
-"""Model cards rendered from `hub_cards/`, and publishing drafters."""
+"""Publishing drafters: model cards rendered from `hub_cards/`, and upload of a saved drafter folder.
+
+A drafter folder (as `save_pretrained` writes it) is a complete Hub repository: config.json + model.safetensors in
+the z-lab format (vLLM / SGLang / the reference load it), the remote code (`configuration_dflash.py`,
+`modeling_dflash.py`, via `auto_map`) for plain transformers, and README.md. `training_args.json` (written by
+`train`) and a benchmark JSON (`hf-dflash bench`) feed the card when present.
+"""
 
 import json
+from importlib.resources import files
 from pathlib import Path
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import HfApi, ModelCard, ModelCardData
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "hub_cards" / "drafter_card.md"
-
-
-def _template_path() -> Path:
-    from importlib.resources import files
-
-    packaged = files("hf_dflash.hub_cards") / "drafter_card.md"
-    return Path(str(packaged)) if packaged.is_file() else TEMPLATE
+TRAINING_ARGS = "training_args.json"
+RESULTS = "bench_results.json"
+REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")
 
 
-def render_model_card(config, repo_id: str | None = None, training: dict | None = None, results: dict | None = None,
-                      num_parameters: int | None = None, license: str = "apache-2.0") -> ModelCard:
-    """A model card for a drafter config; `training` (recipe, data) and `results` (a benchmark summary) are
-    optional. Raises if anything is left unrendered."""
-    base_model = (training or {}).get("target") or getattr(config, "base_model", None) or "unknown"
+def render_model_card(config: dict, repo_id: str | None = None, training: dict | None = None,
+                      results: dict | None = None, num_parameters: int | None = None,
+                      license: str = "apache-2.0") -> ModelCard:
+    """The card of a drafter from its config.json (as a dict), optional training record and benchmark results.
+    Raises ValueError if the template left anything unrendered."""
+    block = config.get("dflash_config") or {}
+    base_model = (training or {}).get("target") or block.get("target_model") or "unknown target"
+    on_hub = "/" in base_model and not base_model.startswith(("/", "."))
     card_data = ModelCardData(
         library_name="transformers",
-        base_model=base_model if base_model != "unknown" else None,
+        base_model=base_model if on_hub else None,
         tags=["dflash", "speculative-decoding", "hf-dflash", "draft-model"],
         pipeline_tag="text-generation",
         license=license,
     )
     card = ModelCard.from_template(
         card_data,
-        template_path=str(_template_path()),
+        template_path=str(files("hf_dflash.hub_cards") / "drafter_card.md"),
         model_name=repo_id or f"DFlash drafter for {base_model}",
-        repo_id=repo_id or "<your-namespace>/<this-drafter>",
+        repo_id=repo_id or "<namespace>/<this-drafter>",
         base_model=base_model,
-        block_size=int(config.block_size),
-        num_hidden_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        target_layer_ids=config.target_layer_ids,
-        mask_token_id=config.mask_token_id,
-        num_parameters=f"{num_parameters / 1e6:.1f}M" if num_parameters else "see model.safetensors",
-        training_text=_training_text(training),
-        results_text=_results_text(results),
+        base_model_link=f"[`{base_model}`](https://huggingface.co/{base_model})" if on_hub else f"`{base_model}`",
+        block_size=int(block.get("block_size", config.get("block_size", 16))),
+        num_hidden_layers=config["num_hidden_layers"],
+        hidden_size=config["hidden_size"],
+        target_layer_ids=block.get("target_layer_ids"),
+        mask_token_id=block.get("mask_token_id"),
+        num_parameters=f"{num_parameters:,}" if num_parameters else "see model.safetensors",
+        training_text=_table(training) if training else "Not recorded.",
+        results_text=_results(results) if results else "Not measured yet.",
     )
     if "{{" in card.content or "{%" in card.content:
         raise ValueError("The model card template left a placeholder unrendered.")
     return card
 
 
-def _training_text(training: dict | None) -> str:
-    if not training:
-        return "Not recorded."
-    lines = ["| setting | value |", "|---|---|"]
-    lines += [f"| {k} | `{v}` |" for k, v in training.items() if v not in (None, "", {})]
-    return "\n".join(lines)
+def _table(values: dict) -> str:
+    rows = [f"| {key} | `{value}` |" for key, value in values.items() if value not in (None, "", {}, [])]
+    return "\n".join(["| setting | value |", "|---|---|", *rows])
 
 
-def _results_text(results: dict | None) -> str:
-    if not results:
-        return "Not measured yet."
-    if isinstance(results, str):
-        return results
+def _results(results: dict) -> str:
+    """A benchmark summary: its markdown table when it has one, else the JSON."""
+    if isinstance(results, dict) and isinstance(results.get("markdown"), str):
+        return results["markdown"]
     return "```json\n" + json.dumps(results, indent=2) + "\n```"
 
 
-def write_model_card(folder, config, training: dict | None = None, results: dict | None = None) -> Path:
-    from safetensors import safe_open
-
-    weights = Path(folder) / "model.safetensors"
-    count = None
-    if weights.exists():
-        with safe_open(str(weights), "pt") as f:
-            count = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
-    card = render_model_card(config, training=training, results=results, num_parameters=count)
-    path = Path(folder) / "README.md"
+def write_model_card(folder, repo_id: str | None = None, results: dict | str | None = None) -> Path:
+    """Render README.md in a saved drafter folder from its config.json, training_args.json and results (a dict, a
+    path to a benchmark JSON, or the folder's bench_results.json)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    training = _read_json(folder / TRAINING_ARGS)
+    if isinstance(results, (str, Path)):
+        results = _read_json(Path(results))
+    results = results or _read_json(folder / RESULTS)
+    card = render_model_card(config, repo_id, training, results, _num_parameters(folder / "model.safetensors"))
+    path = folder / "README.md"
     card.save(str(path))
     return path
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _num_parameters(weights: Path) -> int | None:
+    if not weights.is_file():
+        return None
+    from safetensors import safe_open
+
+    count = 0
+    with safe_open(str(weights), "pt") as f:
+        for key in f.keys():
+            numel = 1
+            for dim in f.get_slice(key).get_shape():
+                numel *= dim
+            count += numel
+    return count
+
+
+def push_drafter(folder, repo_id: str, *, private: bool = False, token: str | None = None, revision: str | None = None,
+                 dry_run: bool = False, commit_message: str = "Upload DFlash drafter") -> list[tuple[str, int]]:
+    """Upload a saved drafter folder to `repo_id` (checkpoints/ and logs stay local). The card is rendered for
+    `repo_id` first. Returns the uploaded files and sizes; with `dry_run` nothing is uploaded."""
+    folder = Path(folder)
+    missing = [name for name in ("config.json", "model.safetensors", *REMOTE_CODE) if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} is not a saved drafter: missing {missing}. Save it with save_pretrained.")
+    if not dry_run:
+        write_model_card(folder, repo_id)
+    ignore = ["checkpoints/**", ".*", "**/.*"]  # resumable training state and temp files stay local
+    uploads = []
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if path.is_file() and relative.parts[0] != "checkpoints" and not any(p.startswith(".") for p in relative.parts):
+            uploads.append((str(relative), path.stat().st_size))
+    if dry_run:
+        return uploads
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    api.upload_folder(folder_path=str(folder), repo_id=repo_id, revision=revision, ignore_patterns=ignore,
+                      commit_message=commit_message)
+    return uploads
+
+
+__all__ = ["push_drafter", "render_model_card", "write_model_card"]

@@ -267,7 +267,7 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
-    from .hub import write_model_card
+    from .hub import TRAINING_ARGS, write_model_card
     from .packaged import resolve_model_path
 
     accelerator = Accelerator(
@@ -295,6 +295,7 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     drafter = DFlashDraftModel.from_target(
         target, config.num_layers, config.block_size, config.mask_token_id, config.target_layer_ids, tokenizer
     ).float()
+    drafter.config.dflash_config["target_model"] = config.target  # the id, not a resolved local path
     drafter.train()
     layer_ids = drafter.config.target_layer_ids
 
@@ -321,7 +322,7 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     log_path = output / "train_log.jsonl"
     bar = tqdm(total=max_steps, initial=step, desc="training", disable=not accelerator.is_main_process)
     window = _Window()
-    start = time.perf_counter()
+    start = began = time.perf_counter()
     while step < max_steps:
         micro_batches = [
             _make_micro_batch(samples, step, micro, accelerator.process_index, config, world, steps_per_epoch,
@@ -370,10 +371,12 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     if accelerator.is_main_process:
         raw_drafter.eval()
         raw_drafter.save_pretrained(output)
-        summary = {"samples": len(samples), "dropped_short": dropped, "steps": max_steps, "global_batch": global_batch}
+        summary = {"samples": len(samples), "dropped_short": dropped, "steps": max_steps, "global_batch": global_batch,
+                   "processes": world, "train_seconds": round(time.perf_counter() - began, 1)}
         if config.eval_prompts:
             summary["eval"] = _eval_and_log(raw_drafter, target, tokenizer, config, max_steps, log_path, accelerator)
-        write_model_card(output, raw_drafter.config, training={**_flat(config), **summary})
+        (output / TRAINING_ARGS).write_text(json.dumps({**_flat(config), **summary}, indent=2))
+        write_model_card(output)
     if config.report_to:
         accelerator.end_training()
     return raw_drafter

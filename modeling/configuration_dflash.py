@@ -38,8 +38,9 @@ class DFlashConfig(Qwen3Config):
         num_target_layers (`int`):
             Number of decoder layers of the target the drafter was made for.
         dflash_config (`dict`):
-            The z-lab block. Its known keys fill the attributes above; other keys are kept as they are
-            (`input_embedding_scale`, `output_multiplier`, `final_logit_softcapping`, ...).
+            The z-lab block. Its known keys fill the attributes above (which win when both are set); other keys
+            are kept as they are (`input_embedding_scale`, `output_multiplier`, `final_logit_softcapping`,
+            `target_model`, ...).
     """
 
     model_type = "qwen3"  # z-lab format: readers dispatch on `architectures` and `dflash_config`, not on the type
@@ -51,15 +52,17 @@ class DFlashConfig(Qwen3Config):
     dflash_config: dict | None = None
 
     def __post_init__(self, **kwargs):
-        extras = dict(self.dflash_config or {})
+        block = dict(self.dflash_config or {})
         for key in DFLASH_KEYS:
-            if key in extras:
-                setattr(self, key, extras.pop(key))
-        self.dflash_config = extras
+            if key in block:
+                setattr(self, key, block[key])
         if self.target_layer_ids is None and self.num_target_layers is not None:
             self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
         if self.target_layer_ids is not None:
             self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        # The typed attributes are the source of truth; `dflash_config` mirrors them for readers (vLLM, SGLang,
+        # the reference) that look only there, and keeps the optional keys.
+        self.dflash_config = {**block, **{key: getattr(self, key) for key in DFLASH_KEYS}}
         kwargs.setdefault("architectures", ["DFlashDraftModel"])
         super().__post_init__(**kwargs)
         self.validate_dflash()
@@ -90,7 +93,7 @@ class DFlashConfig(Qwen3Config):
     def to_dict(self) -> dict:
         output = super().to_dict()
         block = {key: output.pop(key) for key in ("mask_token_id", "target_layer_ids")}
-        output["dflash_config"] = {**block, "block_size": self.block_size, **(self.dflash_config or {})}
+        output["dflash_config"] = {**(self.dflash_config or {}), **block, "block_size": self.block_size}
         return output
 
 

@@ -9,6 +9,9 @@ What differs from Qwen3 (everything else is imported from transformers' Qwen3 mo
 - full-attention layers attend bidirectionally inside the block; sliding-window layers are causal and windowed.
 """
 
+import shutil
+from pathlib import Path
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -188,7 +191,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             mask_token_id=_default_mask_token_id(target, tokenizer) if mask_token_id is None else mask_token_id,
             target_layer_ids=target_layer_ids,
             num_target_layers=layers,
-            dflash_config=extras,
+            dflash_config={**extras, **({"target_model": target.name_or_path} if target.name_or_path else {})},
             **config_kwargs,
         )
         weight = target.get_input_embeddings().weight
@@ -198,6 +201,24 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
                 f"(0..{weight.shape[0] - 1}). Choose an existing row the tokenizer does not use."
             )
         return cls(config).to(device=weight.device, dtype=weight.dtype)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save in the z-lab format, plus this file and configuration_dflash.py with an `auto_map`, so that
+        `AutoModel.from_pretrained(dir, trust_remote_code=True)` works without hf-dflash, and (when hf-dflash is
+        installed) a model card if the folder has none."""
+        self.config.auto_map = {
+            "AutoConfig": "configuration_dflash.DFlashConfig",
+            "AutoModel": "modeling_dflash.DFlashDraftModel",
+        }
+        super().save_pretrained(save_directory, *args, **kwargs)
+        for name in ("configuration_dflash.py", "modeling_dflash.py"):
+            shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
+        try:
+            from hf_dflash.hub import write_model_card
+        except ImportError:
+            return
+        if not (Path(save_directory) / "README.md").exists():
+            write_model_card(save_directory)
 
     def forward(
         self,

@@ -1,0 +1,135 @@
+"""Publishing and loading: model cards, remote code for plain transformers, Hub ids from a local Hub cache."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import left_padded, make_drafter, make_target
+from hf_dflash import DFlashDraftModel
+from hf_dflash.hub import push_drafter, write_model_card
+
+
+def card_metadata(path: Path) -> dict:
+    text = path.read_text()
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def test_save_pretrained_writes_a_hub_ready_folder(tmp_path):
+    drafter = make_drafter(make_target("qwen3"))
+    drafter.save_pretrained(tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"config.json", "model.safetensors", "configuration_dflash.py", "modeling_dflash.py", "README.md"} <= names
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_dflash.DFlashConfig", "AutoModel": "modeling_dflash.DFlashDraftModel"
+    }
+    card = (tmp_path / "README.md").read_text()
+    assert "{{" not in card and "{%" not in card
+    meta = card_metadata(tmp_path / "README.md")
+    assert {"dflash", "speculative-decoding"} <= set(meta["tags"])
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation" and meta["license"]
+
+
+def test_card_records_target_training_and_results(tmp_path):
+    drafter = make_drafter(make_target("qwen3"))
+    drafter.save_pretrained(tmp_path)
+    (tmp_path / "training_args.json").write_text(json.dumps({"target": "org/base-model", "block_size": 4, "steps": 9}))
+    results = tmp_path / "bench.json"
+    results.write_text(json.dumps({"markdown": "| set | tau |\n|---|---|\n| gsm8k | 3.10 |"}))
+    write_model_card(tmp_path, "me/my-drafter", str(results))
+    card = (tmp_path / "README.md").read_text()
+    assert card_metadata(tmp_path / "README.md")["base_model"] == "org/base-model"
+    assert "me/my-drafter" in card and "| gsm8k | 3.10 |" in card and "| steps | `9` |" in card
+    assert "{{" not in card
+
+
+BLOCKED = "import sys; sys.modules['hf_dflash'] = None  # hf-dflash cannot be imported: plain transformers only\n"
+
+
+def test_remote_code_works_without_hf_dflash(tmp_path):
+    target = make_target("qwen3")
+    target.save_pretrained(tmp_path / "target")
+    make_drafter(target, block_size=4).save_pretrained(tmp_path / "drafter")
+    ids, _ = left_padded(1, lengths=[6])
+    script = BLOCKED + textwrap.dedent(f"""
+        import torch
+        from transformers import AutoModel, AutoModelForCausalLM
+        target = AutoModelForCausalLM.from_pretrained({str(tmp_path / "target")!r}, dtype=torch.float64)
+        drafter = AutoModel.from_pretrained({str(tmp_path / "drafter")!r}, trust_remote_code=True, dtype=torch.float64)
+        assert type(drafter).__module__.startswith("transformers_modules"), type(drafter).__module__
+        ids = torch.tensor({ids.tolist()})
+        plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+        fast = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter, speculation_type="dflash")
+        assert torch.equal(plain, fast), (plain, fast)
+        print("REMOTE-OK", type(drafter).__name__)
+    """)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert "REMOTE-OK DFlashDraftModel" in out.stdout, out.stderr[-3000:]
+
+
+def hub_cache(root: Path, repo_id: str, folder: Path, revision: str = "0" * 40) -> None:
+    """Lay `folder` out as huggingface_hub's cache does: models--org--name/{refs/main, snapshots/<hash>/...}."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(folder, repo / "snapshots" / revision)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+
+
+def zlab_folder(drafter: DFlashDraftModel, path: Path) -> None:
+    """A checkpoint as z-lab publishes it: block_size top-level, rope_theta, auto_map to their dflash.py."""
+    drafter.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    config["block_size"] = config["dflash_config"].pop("block_size")
+    config["rope_theta"] = config.pop("rope_parameters")["rope_theta"]
+    config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    (path / "config.json").write_text(json.dumps(config))
+    for name in ("configuration_dflash.py", "modeling_dflash.py", "README.md"):
+        (path / name).unlink()
+    (path / "dflash.py").write_text("raise ImportError('z-lab remote code must not run when hf_dflash is installed')\n")
+
+
+@pytest.mark.parametrize("layout", ["z-lab", "hf-dflash"])
+def test_hub_ids_load_offline_from_the_cache(tmp_path, layout):
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=5)
+    folder = tmp_path / "folder"
+    zlab_folder(drafter, folder) if layout == "z-lab" else drafter.save_pretrained(folder)
+    hub_cache(tmp_path / "hub", "org/tiny-dflash", folder)
+    script = textwrap.dedent(f"""
+        import torch, hf_dflash
+        from transformers import AutoModel
+        for loaded in (AutoModel.from_pretrained("org/tiny-dflash", revision="main"),
+                       hf_dflash.DFlashDraftModel.from_pretrained("org/tiny-dflash")):
+            assert type(loaded) is hf_dflash.DFlashDraftModel, type(loaded)
+            assert loaded.block_size == 5
+        print("HUB-OK")
+    """)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert "HUB-OK" in out.stdout, out.stderr[-3000:]
+
+
+def test_push_uploads_the_folder_and_dry_run_uploads_nothing(tmp_path, monkeypatch):
+    make_drafter(make_target("qwen3")).save_pretrained(tmp_path)
+    (tmp_path / "checkpoints" / "checkpoint-10").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "checkpoint-10" / "optimizer.bin").write_bytes(b"x")
+    calls = []
+    monkeypatch.setattr("hf_dflash.hub.HfApi.create_repo", lambda self, *a, **k: calls.append(("create", a, k)))
+    monkeypatch.setattr("hf_dflash.hub.HfApi.upload_folder", lambda self, **k: calls.append(("upload", k)))
+    planned = dict(push_drafter(tmp_path, "me/drafter", dry_run=True))
+    assert not calls and "model.safetensors" in planned and not any(n.startswith("checkpoints") for n in planned)
+    push_drafter(tmp_path, "me/drafter", private=True)
+    assert calls[0][0] == "create" and calls[0][1] == ("me/drafter",) and calls[0][2]["private"] is True
+    assert calls[1][1]["repo_id"] == "me/drafter" and "checkpoints/**" in calls[1][1]["ignore_patterns"]
+    assert "me/drafter" in (tmp_path / "README.md").read_text()
+    with pytest.raises(FileNotFoundError, match="not a saved drafter"):
+        push_drafter(tmp_path / "checkpoints", "me/drafter", dry_run=True)
