@@ -1,13 +1,12 @@
 """Misuse fails early with an error that names the problem (and the fix), instead of a shape error or silent junk."""
 
 import pytest
-import torch
 from transformers import GenerationConfig
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import hf_dflash
 from hf_dflash import DFlashConfig, DFlashDraftModel
-from conftest import MASK, PAD, left_padded, make_drafter, make_target, make_tokenizer
+from conftest import MASK, left_padded, make_drafter, make_target, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -114,4 +113,3 @@ def test_default_mask_token_is_an_unused_padded_row():
     # without padded rows, the tokenizer's own mask token
     exact = make_target("qwen3")
     assert DFlashDraftModel.from_target(exact, tokenizer=tokenizer).config.mask_token_id == MASK
-    assert MASK != PAD

@@ -251,4 +251,5 @@ def test_from_target_gemma_embedding_scale_and_soft_cap():
     out = target(ids, output_hidden_states=True)
     # the drafter's embedding and output head reproduce the target's own (scaled embedding, soft-capped logits)
     torch.testing.assert_close(drafter.embed(target, ids), target.get_input_embeddings()(ids))
-    torch.testing.assert_close(drafter.compute_logits(out.hidden_states[-1], target.get_output_embeddings()), out.logits)
+    logits = drafter.compute_logits(out.hidden_states[-1], target.get_output_embeddings())
+    torch.testing.assert_close(logits, out.logits)
