@@ -336,12 +336,16 @@ class _Decoder:
             self.acceptance_lengths[r].append(n)
 
     def _stopped(self, rows: torch.LongTensor, scores: torch.Tensor) -> torch.BoolTensor:
+        """Stopping criteria for `rows` at their current lengths. Like the processors, the criteria see the whole
+        batch (row i is batch row i, as in `_sample`), one group of equal lengths at a time."""
         stopped = torch.zeros(rows.shape[0], dtype=torch.bool, device=rows.device)
         lengths = self.lengths[rows]
         for length in lengths.unique().tolist():
             group = (lengths == length).nonzero().squeeze(1)
-            ids = self.sequences[rows[group], :length]
-            stopped[group] = self.stopping_criteria(ids, scores[group]).to(rows.device)
+            full = scores.new_zeros(self.sequences.shape[0], scores.shape[-1])
+            full[rows[group]] = scores[group]
+            done = self.stopping_criteria(self.sequences[:, :length], full)
+            stopped[group] = done.to(rows.device)[rows[group]]
         return stopped
 
     def _stream(self, committed: torch.LongTensor) -> None:

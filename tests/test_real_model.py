@@ -21,7 +21,7 @@ def smollm2():
 def test_real_target_greedy_batch_is_lossless(smollm2):
     target, tokenizer = smollm2
     assert tokenizer.padding_side == "left"
-    chats = [[{"role": "user", "content": text}] for text in ("What is the capital of France?", "Name a colour of the sky.")]
+    chats = [[{"role": "user", "content": text}] for text in ("What is the capital of France?", "Name one colour that the sky can have at sunset.")]
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     assert (batch["attention_mask"] == 0).any()  # different prompt lengths: left padding is exercised
