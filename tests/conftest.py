@@ -128,19 +128,17 @@ def oracle(monkeypatch):
 
 class ForwardCounter:
     """Counts the target forwards of a generation loop (calls that use a KV cache, so the oracle's own
-    cache-free calls are not counted) and the tokens each one read, by wrapping the model's forward."""
+    cache-free calls are not counted) and the tokens each one read, with a forward pre-hook."""
 
     def __init__(self, model):
         self.tokens = []
-        original = model.forward
 
-        def counted(*args, **kwargs):
+        def count(module, args, kwargs):
             if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
                 ids = kwargs.get("input_ids", args[0] if args else None)
                 self.tokens.append(ids.shape[1])
-            return original(*args, **kwargs)
 
-        model.forward = counted
+        model.register_forward_pre_hook(count, with_kwargs=True)
 
     @property
     def calls(self) -> int:
