@@ -74,17 +74,8 @@ def _records(source) -> Iterator[tuple[str, dict, str]]:
         raise FileNotFoundError(f"Prompt file {path} does not exist.")
     name = path.name
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg}). Fix or remove that line.") from None
-                if not isinstance(record, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
-                yield f"{name}:{lineno}", record, f"{path}:{lineno}"
+        for lineno, record in _jsonl(path):
+            yield f"{name}:{lineno}", record, f"{path}:{lineno}"
     elif path.suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -97,6 +88,21 @@ def _records(source) -> Iterator[tuple[str, dict, str]]:
         for i, text in enumerate(p.strip() for p in paragraphs):
             if text:
                 yield f"{name}:{i}", {"prompt": text}, f"{path} (paragraph {i})"
+
+
+def _jsonl(path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-empty line; a line that is not a JSON object is an error naming it."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg}). Fix or remove that line.") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}.")
+            yield lineno, record
 
 
 def _sharegpt_records() -> Iterator[tuple[str, dict, str]]:
@@ -269,26 +275,19 @@ def load_samples(path: str | os.PathLike, min_supervised_tokens: int = 0, max_le
     """Samples `(input_ids, loss_mask)` from a prepared JSONL file, truncated to `max_length`; samples with fewer
     than `min_supervised_tokens` supervised tokens are dropped. Returns (samples, number dropped)."""
     samples, dropped = [], 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                ids, mask = record["input_ids"], record["loss_mask"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise DataError(
-                    f"{path}:{lineno}: not a prepared sample ({err}); expected JSON with input_ids and loss_mask, "
-                    "as written by `hf-dflash prepare-data`."
-                ) from None
-            if len(ids) != len(mask):
-                raise DataError(f"{path}:{lineno}: input_ids and loss_mask have different lengths.")
-            if max_length is not None:
-                ids, mask = ids[:max_length], mask[:max_length]
-            if sum(mask) < max(min_supervised_tokens, 2):
-                dropped += 1
-                continue
-            samples.append((ids, mask))
+    for lineno, record in _jsonl(path):
+        ids, mask = record.get("input_ids"), record.get("loss_mask")
+        if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
+            raise DataError(
+                f"{path}:{lineno}: not a prepared sample: expected input_ids and loss_mask lists of equal length, "
+                "as written by `hf-dflash prepare-data`."
+            )
+        if max_length is not None:
+            ids, mask = ids[:max_length], mask[:max_length]
+        if sum(mask) < max(min_supervised_tokens, 2):
+            dropped += 1
+            continue
+        samples.append((ids, mask))
     return samples, dropped
 
 

@@ -42,8 +42,11 @@ def test_corrupted_line_names_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"odd\.jsonl:1: no prompt found"):
         list(read_prompts(odd))
     broken = write(tmp_path / "data.jsonl", [json.dumps({"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}), "{oops"])
-    with pytest.raises(DataError, match=r"data\.jsonl:2: not a prepared sample"):
+    with pytest.raises(DataError, match=r"data\.jsonl:2: not valid JSON"):
         load_samples(broken)
+    unprepared = write(tmp_path / "raw.jsonl", [json.dumps({"prompt": "not regenerated yet"})])
+    with pytest.raises(DataError, match=r"raw\.jsonl:1: not a prepared sample"):
+        load_samples(unprepared)
 
 
 @pytest.fixture
