@@ -30,6 +30,7 @@ from transformers.generation import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
 
 logger = logging.get_logger(__name__)
@@ -79,8 +80,6 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
         kwargs["stopping_criteria"] = criteria
     decode = functools.partial(dflash_decode, drafter=drafter, streamer=kwargs.get("streamer"))
-    from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
-
     return original_generate(target, inputs, generation_config=generation_config, custom_generate=decode, **kwargs)
 
 

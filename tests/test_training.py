@@ -14,13 +14,14 @@ from safetensors.torch import load_file
 
 from transformers import AutoModelForCausalLM
 
-from conftest import MASK, make_drafter, make_target
+from conftest import MASK, make_drafter, make_target, make_tokenizer
 from hf_dflash import DFlashDraftModel
 from hf_dflash.training import (
     TrainingConfig,
     build_batch,
     default_gamma,
     drafter_loss,
+    flex_training_mask,
     sample_anchors,
     slot_weights,
     train,
@@ -57,6 +58,21 @@ def test_training_mask_matches_brute_force(window):
     expected = brute_force_mask(batch["anchors"], batch["anchor_valid"], batch["valid"], B, window)
     assert torch.equal(mask, expected)
     assert mask.any(-1).all()  # no fully masked row, padding blocks included
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_flex_attention_mask_matches_the_dense_mask(window):
+    from torch.nn.attention.flex_attention import create_mask
+
+    g = torch.Generator().manual_seed(1)
+    samples = [([2] * n, [0] + [1] * (n - 1)) for n in [10, 6]]
+    anchors = [sample_anchors(torch.tensor(m), 3, g) for _, m in samples]
+    batch = build_batch(samples, anchors, 4, MASK)
+    args = (batch["anchors"], batch["anchor_valid"], batch["valid"], 4, window)
+    dense = training_mask(*args)
+    block_mask = flex_training_mask(*args)  # what CUDA training uses with flex_attention
+    flex = create_mask(block_mask.mask_mod, len(samples), None, dense.shape[-2], dense.shape[-1], device="cpu")
+    assert torch.equal(flex.expand_as(dense), dense)
 
 
 def test_anchors_need_supervised_next_token():
@@ -127,17 +143,24 @@ def acceptance(target, drafter, prompts):
 def test_training_raises_real_acceptance_length(tmp_path):
     target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
     prompts = tiny_data(target, tmp_path / "data.jsonl")
+    tokenizer = make_tokenizer(48)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["abcde", "xyz!?"]))
     config = TrainingConfig(
         target="tiny", data=str(tmp_path / "data.jsonl"), output=str(tmp_path / "drafter"), block_size=4,
         mask_token_id=47, num_anchors=40, batch_size=8, max_steps=200, learning_rate=3e-3, warmup_ratio=0.02,
-        logging_steps=50, save_steps=1000,
+        logging_steps=50, save_steps=1000, eval_prompts=str(tmp_path / "eval.jsonl"), eval_steps=100,
+        eval_max_new_tokens=16,
     )
     untrained = make_drafter(target, block_size=4, mask_token_id=47)
-    drafter = train(config, target=target)
+    drafter = train(config, target=target, tokenizer=tokenizer)
     before, after = acceptance(target, untrained, prompts[:8]), acceptance(target, drafter, prompts[:8])
     assert after > before + 0.5, (before, after)
     log = [json.loads(line) for line in open(tmp_path / "drafter" / "train_log.jsonl")]
-    assert log[-1]["loss"] < log[0]["loss"] and log[-1]["predicted_tau"] > log[0]["predicted_tau"]
+    metrics = [r for r in log if "loss" in r]
+    assert metrics[-1]["loss"] < metrics[0]["loss"] and metrics[-1]["predicted_tau"] > metrics[0]["predicted_tau"]
+    evals = [r for r in log if "eval" in r]  # steps 100, 200 and the final one: real generate() acceptance
+    assert [r["step"] for r in evals] == [100, 200, 200] and evals[-1]["eval"]["acceptance_length"] >= 1.0
     saved = json.loads((tmp_path / "drafter" / "config.json").read_text())
     assert saved["dflash_config"]["mask_token_id"] == 47 and saved["architectures"] == ["DFlashDraftModel"]
     assert "{{" not in (tmp_path / "drafter" / "README.md").read_text()
