@@ -138,7 +138,10 @@ class ForwardCounter:
                 ids = kwargs.get("input_ids", args[0] if args else None)
                 self.tokens.append(ids.shape[1])
 
-        model.register_forward_pre_hook(count, with_kwargs=True)
+        self.handle = model.register_forward_pre_hook(count, with_kwargs=True)
+
+    def remove(self) -> None:
+        self.handle.remove()
 
     @property
     def calls(self) -> int:
