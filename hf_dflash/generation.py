@@ -148,6 +148,7 @@ def dflash_decode(
     # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
     position_ids = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
     out = state.target_forward(input_ids, attention_mask, position_ids, logits_to_keep=1)
+    _check_cache(state.cache)  # the layer types exist once the prefill filled the cache
     state.context = (state.features(out), prompt_mask, position_ids)
     scores = state.process(out.logits[:, -1:], input_ids[:, :0])  # [batch, 1, vocab]
     tokens = state.choose(scores)
@@ -201,7 +202,6 @@ class _Decoder:
         self.keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         self.raw_logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
-        self.cache_checked = False
 
         self.cache = DynamicCache(config=target.config)
         self.cache.activate_past_recording()  # sliding-window layers must be able to roll back rejected slots
@@ -226,10 +226,6 @@ class _Decoder:
                 f"{type(self.target).__name__} returned no hidden_states with output_hidden_states=True: DFlash "
                 "drafts from the target's layer features, so the target must return them."
             )
-        if not self.cache_checked:
-            _check_cache(self.cache)
-            self.cache_checked = True
-        self._last_logits = out.logits
         return out
 
     def features(self, out) -> torch.Tensor:
