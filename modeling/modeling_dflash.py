@@ -191,7 +191,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             mask_token_id=_default_mask_token_id(target, tokenizer) if mask_token_id is None else mask_token_id,
             target_layer_ids=target_layer_ids,
             num_target_layers=layers,
-            dflash_config={**extras, **({"target_model": target.name_or_path} if target.name_or_path else {})},
+            dflash_config={**({"target_model": target.name_or_path} if target.name_or_path else {}), **extras},
             **config_kwargs,
         )
         weight = target.get_input_embeddings().weight
