@@ -81,6 +81,7 @@ class TrainingConfig:
     eval_steps: int = 0  # run that eval every N steps (0: only at the end when eval_prompts is set)
     eval_max_new_tokens: int = 64
     dtype: str = "float32"  # target dtype
+    target_device_map: str | None = None  # e.g. "auto": spread a target too large for one device over all of them
     extra: dict = field(default_factory=dict)  # recorded in the model card
 
 
@@ -194,8 +195,9 @@ def chunked_loss(hidden, head, labels, mask, weights, chunk_size: int):
     correct = torch.zeros_like(mask)
 
     def chunk_loss(h, y, w):
-        logits = head(h).float()
-        return (F.cross_entropy(logits, y, reduction="none") * w).sum(), logits.argmax(-1) == y
+        logits = head(h.to(head.weight.device)).float()
+        y, w = y.to(logits.device), w.to(logits.device)
+        return (F.cross_entropy(logits, y, reduction="none") * w).sum().to(h.device), (logits.argmax(-1) == y).to(h.device)
 
     for start in range(0, rows.numel(), chunk_size):
         idx = rows[start : start + chunk_size]
@@ -282,14 +284,18 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
         checkpoints.mkdir(parents=True, exist_ok=True)
     if target is None:
         path = resolve_model_path(config.target)
-        target = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype))
+        target = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, config.dtype), device_map=config.target_device_map
+        )
         try:
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError):
             if config.mask_token_id is None or config.eval_prompts:
                 raise  # the tokenizer picks the mask token and templates eval prompts
             tokenizer = None
-    target.requires_grad_(False).eval().to(accelerator.device)
+    target.requires_grad_(False).eval()
+    if getattr(target, "hf_device_map", None) is None:  # a device_map already placed it
+        target.to(accelerator.device)
 
     torch.manual_seed(config.seed)
     drafter = DFlashDraftModel.from_target(
@@ -339,7 +345,8 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
             if feature_cache is not None:
                 features = _pad_features([feature_cache[i] for i in indices], batch["input_ids"].shape[1]).to(device)
             else:
-                features = target_features(target, batch["input_ids"].to(device), batch["valid"].to(device), layer_ids)
+                ids, valid = batch["input_ids"].to(target.device), batch["valid"].to(target.device)
+                features = target_features(target, ids, valid, layer_ids).to(device)
             with accelerator.accumulate(drafter), accelerator.autocast():
                 weighted_sum, metrics = drafter_loss(raw_drafter, target, batch, features, config, weights, forward=drafter)
                 accelerator.backward(weighted_sum * scale)

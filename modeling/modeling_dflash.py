@@ -244,8 +244,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         if "past_key_values" in kwargs:  # older transformers spelling
             cache = kwargs.pop("past_key_values")
         dtype = self.fc.weight.dtype
-        context = self.hidden_norm(self.fc(context_hidden_states.to(dtype)))
-        hidden_states = noise_embeds.to(dtype)
+        context = self.hidden_norm(self.fc(context_hidden_states.to(device=self.fc.weight.device, dtype=dtype)))
+        hidden_states = noise_embeds.to(device=self.fc.weight.device, dtype=dtype)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         past_len = cache.get_seq_length() if cache is not None else 0
         masks = self._layer_masks(attention_mask, position_ids, context.shape[1], past_len, dtype)
