@@ -14,6 +14,8 @@ import time
 import typing
 from pathlib import Path
 
+from .packaged import SMOLLM2_ID
+
 DEMO_PROMPTS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
     "How many clips did Natalia sell altogether in April and May?",
@@ -49,7 +51,7 @@ def demo(args) -> int:
     target, tokenizer = _load_target(args.target)
     if args.drafter:
         drafter, trained = AutoModel.from_pretrained(args.drafter), True
-    elif SHIPPED_DRAFTER.is_dir() and args.target == SMOLLM2:
+    elif SHIPPED_DRAFTER.is_dir() and args.target == SMOLLM2_ID:
         drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER)), True
     else:
         torch.manual_seed(0)
@@ -212,7 +214,6 @@ _FIELD_HELP = {
 }
 
 
-SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="speculative decoding on a real target, compared with plain generate")
-    p.add_argument("--target", default=SMOLLM2, help="target model (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--target", default=SMOLLM2_ID, help="target model (default: the packaged SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", help="drafter folder or Hub id (default: the shipped drafter, else an untrained one)")
     p.add_argument("--block-size", type=int, default=8, help="block size of an untrained drafter")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=train_cmd)
 
     p = sub.add_parser("bench", help="acceptance length and speedup on prompt sets, with baselines, in one run")
-    p.add_argument("--target", default=SMOLLM2, help="target model (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--target", default=SMOLLM2_ID, help="target model (default: the packaged SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", help="drafter folder or Hub id (default: an untrained one, reported as such)")
     p.add_argument("--sets", nargs="+", default=["gsm8k", "mbpp", "alpaca"],
                    help="gsm8k, mbpp, alpaca (from --bench-dir), humaneval, mtbench (pip packages), or prompt files")
