@@ -138,6 +138,64 @@ def _timed(fn):
     return out, time.perf_counter() - start
 
 
+class _PhaseTimer:
+    """Where one `generate` call spends its time, from forward hooks (no change to the loop itself): inside the
+    target's forward (the prefill, then one forward per step), inside the drafter's layers, and from the end of the
+    drafter's layers to the next target forward (its lm_head, argmax and the block assembly: `drafter_head`). The
+    rest of the call is loop overhead (processors, stopping criteria, cache bookkeeping)."""
+
+    PHASES = ("target_prefill", "target_steps", "drafter_layers", "drafter_head")
+
+    def __init__(self, target, drafter=None):
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.target_forwards = 0
+        self._cuda = target.device.type == "cuda"
+        self._start = {}
+        self._drafted = None  # when the drafter's layers last finished
+        modules = [(target, "target")] + ([(drafter, "drafter")] if drafter is not None else [])
+        self._handles = [h for module, name in modules for h in (
+            module.register_forward_pre_hook(lambda *_, name=name: self._enter(name)),
+            module.register_forward_hook(lambda *_, name=name: self._leave(name)),
+        )]
+
+    def _now(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _enter(self, what: str) -> None:
+        now = self._now()
+        if what == "target" and self._drafted is not None:
+            self.seconds["drafter_head"] += now - self._drafted
+            self._drafted = None
+        self._start[what] = now
+
+    def _leave(self, what: str) -> None:
+        now = self._now()
+        elapsed = now - self._start.pop(what)
+        if what == "drafter":
+            self.seconds["drafter_layers"] += elapsed
+            self._drafted = now
+            return
+        self.seconds["target_prefill" if self.target_forwards == 0 else "target_steps"] += elapsed
+        self.target_forwards += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+
+
+def _profiled(fn, target, drafter=None):
+    """`fn()`, its wall time and a `_PhaseTimer` breakdown of it."""
+    with _PhaseTimer(target, drafter) as timer:
+        out, seconds = _timed(fn)
+    phases = dict(timer.seconds, other=seconds - sum(timer.seconds.values()), target_forwards=timer.target_forwards)
+    return out, seconds, phases
+
+
 def _histogram(lengths: list[int], block_size: int) -> list[int]:
     """counts[k] = target forwards that committed k tokens (k = 0 .. block_size)."""
     counts = [0] * (max([block_size, *lengths]) + 1)
@@ -247,17 +305,18 @@ def benchmark(
                 inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
                 prompt_len = inputs["input_ids"].shape[1]
                 torch.manual_seed(seed + timed_index)
-                plain, plain_s = _timed(lambda: target.generate(**inputs, **kwargs))
+                plain, plain_s, plain_phases = _profiled(lambda: target.generate(**inputs, **kwargs), target)
                 torch.manual_seed(seed + timed_index)
-                out, dflash_s = _timed(lambda: target.generate(
-                    **inputs, **kwargs, assistant_model=drafters[block], return_dict_in_generate=True))
+                out, dflash_s, dflash_phases = _profiled(lambda: target.generate(
+                    **inputs, **kwargs, assistant_model=drafters[block], return_dict_in_generate=True),
+                    target, drafters[block])
                 plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
                 dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
                 lengths = [n for row in out.acceptance_lengths for n in row]
                 record = {
                     "prompt_ids": [p.id for p in batch], "prompt_tokens": int(inputs["attention_mask"].sum()),
-                    "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s},
-                    "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s},
+                    "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s, "phases": plain_phases},
+                    "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s, "phases": dflash_phases},
                     "acceptance_lengths": out.acceptance_lengths,
                     "histogram": _histogram(lengths, block),
                     "identical": plain_rows == dflash_rows if greedy else None,
@@ -326,6 +385,7 @@ def _summarise(set_name, batch_size, mode, block, records, active, skipped, gree
             baselines.setdefault(name, {"skipped": reason})
     return {
         "set": set_name, "batch_size": batch_size, "mode": mode, "block_size": block, "prompts": records,
+        "profile": {method: _profile(records, method) for method in ("plain", "dflash")},
         "summary": {
             "tau": sum(lengths) / max(len(lengths), 1), "steps": len(lengths),
             "committed": sum(lengths), "histogram": histogram,
@@ -337,6 +397,14 @@ def _summarise(set_name, batch_size, mode, block, records, active, skipped, gree
         },
         "baselines": baselines,
     }
+
+
+def _profile(records, method: str) -> dict:
+    """Milliseconds per decoding step (one target forward after the prefill) in each phase, pooled over prompts."""
+    total = {k: sum(r[method]["phases"][k] for r in records) for k in (*_PhaseTimer.PHASES, "other")}
+    steps = sum(r[method]["phases"]["target_forwards"] - 1 for r in records)
+    per_step = {f"{k}_ms": 1000 * v / max(steps, 1) for k, v in total.items() if k != "target_prefill"}
+    return {"steps": steps, "prefill_seconds": total["target_prefill"], **per_step}
 
 
 # --- outputs ------------------------------------------------------------------------------------------------------
@@ -355,6 +423,16 @@ def to_markdown(results: dict) -> str:
             cells.append(f"{b['tokens_per_s']:.1f}" + ("" if b["identical"] else " (differs)")
                          if "tokens_per_s" in b else "-")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
+    head = ["set", "batch", "mode", "block", "plain: target fwd", "plain: other", "dflash: target verify",
+            "dflash: drafter layers", "dflash: drafter lm_head + block", "dflash: other"]
+    lines += ["", "Where the time goes, ms per step (one target forward after the prefill):", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in results["runs"]:
+        plain, dflash = run["profile"]["plain"], run["profile"]["dflash"]
+        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], plain["target_steps_ms"],
+                 plain["other_ms"], dflash["target_steps_ms"], dflash["drafter_layers_ms"], dflash["drafter_head_ms"],
+                 dflash["other_ms"]]
+        lines.append("| " + " | ".join(str(c) if isinstance(c, (str, int)) else f"{c:.1f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

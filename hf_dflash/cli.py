@@ -211,6 +211,7 @@ _FIELD_HELP = {
     "resume": "continue from the newest checkpoint in OUTPUT/checkpoints",
     "bf16": "bf16 autocast with fp32 master weights",
     "eval_prompts": "prompts file for a real acceptance-length eval with generate",
+    "draft_vocab_size": "draft only the N most frequent response tokens (cheaper drafting; output unchanged)",
 }
 
 

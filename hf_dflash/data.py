@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,4 +292,11 @@ def load_samples(path: str | os.PathLike, min_supervised_tokens: int = 0, max_le
     return samples, dropped
 
 
-__all__ = ["DataError", "PrepareStats", "Prompt", "load_samples", "prepare_data", "read_prompts"]
+def frequent_tokens(samples, n: int) -> list[int]:
+    """The `n` most frequent supervised (response) token ids of `(input_ids, loss_mask)` samples, most frequent
+    first: the draft vocabulary of `DFlashDraftModel.set_draft_vocab`."""
+    counts = Counter(t for ids, mask in samples for t, m in zip(ids, mask) if m)
+    return [token for token, _ in counts.most_common(n)]
+
+
+__all__ = ["DataError", "PrepareStats", "Prompt", "frequent_tokens", "load_samples", "prepare_data", "read_prompts"]

@@ -209,6 +209,7 @@ class _Decoder:
         self.draft_valid = torch.zeros(batch, 0, dtype=torch.bool, device=drafter.device)
         self.draft_pos = torch.zeros(batch, 0, dtype=torch.long, device=drafter.device)
         self.head = target.get_output_embeddings()
+        self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
 
     # --- target -------------------------------------------------------------------------------------------
     def target_forward(self, input_ids, attention_mask, position_ids, **kwargs):
@@ -263,7 +264,7 @@ class _Decoder:
         self.draft_cache.crop(-verify_len)  # keep the context, drop the block
         self.draft_valid = torch.cat([self.draft_valid, context_valid], dim=1)
         self.draft_pos = torch.cat([self.draft_pos, context_pos], dim=1)
-        return drafter.compute_logits(hidden[:, 1:], self.head).argmax(-1)
+        return drafter.draft_tokens(hidden[:, 1:], self.head, self.draft_head)
 
     # --- verification -------------------------------------------------------------------------------------
     def process(self, logits: torch.Tensor, drafts: torch.LongTensor) -> torch.Tensor:

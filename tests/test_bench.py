@@ -75,7 +75,25 @@ def test_outputs_written(results, tmp_path):
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = results["markdown"].splitlines()
     assert lines[0].startswith("| set | batch | mode | block | tau | tok/s plain | tok/s dflash | speedup")
-    assert "tok/s native" in lines[0] and len(lines) == 2 + len(results["runs"])
+    assert "tok/s native" in lines[0] and lines[2 + len(results["runs"])] == ""
+    assert sum(line.startswith("| toy |") for line in lines) == 2 * len(results["runs"])  # results + profile
+
+
+def test_profile_accounts_for_the_measured_time(results):
+    for run in results["runs"]:
+        for record in run["prompts"]:
+            steps = max(len(row) for row in record["acceptance_lengths"])  # the batch steps until its last row ends
+            dflash, plain = record["dflash"]["phases"], record["plain"]["phases"]
+            assert dflash["target_forwards"] == steps + 1  # prefill + one verification per step
+            assert plain["target_forwards"] == 10  # one per new token (max_new_tokens=10, no EOS)
+            for method, phases in (("dflash", dflash), ("plain", plain)):
+                timed = [phases[k] for k in ("target_prefill", "target_steps", "drafter_layers", "drafter_head")]
+                assert all(t >= 0 for t in timed) and phases["other"] >= 0
+                assert sum(timed) + phases["other"] == pytest.approx(record[method]["seconds"])
+            assert plain["drafter_layers"] == plain["drafter_head"] == 0
+            assert dflash["drafter_layers"] > 0 and dflash["drafter_head"] > 0
+        profile = run["profile"]["dflash"]
+        assert profile["steps"] == sum(r["dflash"]["phases"]["target_forwards"] - 1 for r in run["prompts"])
 
 
 def test_prompt_file_set_and_bench_files(tmp_path, setup):

@@ -93,3 +93,19 @@ def test_drafter_in_another_dtype_is_cast():
     ids, mask = left_padded(2)
     plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
     assert torch.equal(plain, fast)
+
+
+def test_draft_vocab_is_lossless_and_confines_drafts(monkeypatch):
+    from hf_dflash.generation import _Decoder
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    allowed = torch.arange(2, 50)
+    drafter.set_draft_vocab(allowed.tolist())
+    seen = []
+    propose = _Decoder.drafter_propose
+    monkeypatch.setattr(_Decoder, "drafter_propose", lambda self, *a: seen.append(propose(self, *a)) or seen[-1])
+    ids, mask = left_padded(3)
+    plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
+    assert torch.equal(plain, fast)
+    assert seen and all(torch.isin(drafts, allowed).all() for drafts in seen)

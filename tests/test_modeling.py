@@ -253,3 +253,48 @@ def test_from_target_gemma_embedding_scale_and_soft_cap():
     torch.testing.assert_close(drafter.embed(target, ids), target.get_input_embeddings()(ids))
     logits = drafter.compute_logits(out.hidden_states[-1], target.get_output_embeddings())
     torch.testing.assert_close(logits, out.logits)
+
+
+def test_draft_tokens_fast_head_equals_compute_logits_argmax():
+    target = make_target("qwen3")
+    drafter = randomized(make_drafter(target))
+    hidden = torch.randn(3, 5, HIDDEN, dtype=torch.float64)
+    head = target.get_output_embeddings()
+    expected = drafter.compute_logits(hidden, head).argmax(-1)
+    assert torch.equal(drafter.draft_tokens(hidden, head, drafter.draft_head(head)), expected)
+    assert torch.equal(drafter.draft_tokens(hidden, head), expected)
+
+
+def test_draft_vocab_restricts_drafts_and_round_trips(tmp_path):
+    target = make_target("qwen3")
+    drafter = randomized(make_drafter(target))
+    head = target.get_output_embeddings()
+    hidden = torch.randn(4, 7, HIDDEN, dtype=torch.float64)
+    allowed = torch.arange(3, 60, 3)
+    drafter.set_draft_vocab(allowed.tolist())
+    drafts = drafter.draft_tokens(hidden, head, drafter.draft_head(head))
+    # the argmax over the full logits with every other token masked out
+    logits = drafter.compute_logits(hidden, head)
+    masked = torch.full_like(logits, float("-inf"))
+    masked[..., allowed] = logits[..., allowed]
+    assert torch.equal(drafts, masked.argmax(-1))
+    assert torch.isin(drafts, allowed).all()
+
+    drafter.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["dflash_config"]["draft_vocab_size"] == len(allowed)
+    for loaded in (DFlashDraftModel.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
+        assert torch.equal(loaded.draft_vocab, allowed)
+    # the reference reader ignores the extra tensor: the checkpoint stays a z-lab drafter
+    reference = ReferenceDraftModel.from_pretrained(tmp_path, dtype=torch.float64)
+    assert not hasattr(reference, "draft_vocab")
+
+    drafter.set_draft_vocab(None)
+    assert drafter.draft_vocab is None and "draft_vocab_size" not in drafter.config.dflash_config
+    assert "draft_vocab" not in drafter.state_dict()
+
+
+@pytest.mark.parametrize("ids", [[], [0, DIMS["vocab_size"]], [-1, 4]])
+def test_draft_vocab_out_of_range_is_refused(ids):
+    drafter = make_drafter(make_target("qwen3"))
+    with pytest.raises(ValueError, match="draft vocabulary ids"):
+        drafter.set_draft_vocab(ids)

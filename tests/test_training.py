@@ -218,3 +218,24 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     apart = sum((a[k] - b[k]).norm() ** 2 for k in a) ** 0.5
     # Adam turns float-summation noise in near-zero gradients into +-lr steps, so the runs are close, not equal
     assert apart < 0.05 * moved, (float(apart), float(moved))
+
+
+def test_draft_vocab_size_saves_the_most_frequent_response_tokens(tmp_path):
+    from hf_dflash.data import frequent_tokens, load_samples
+
+    target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
+    tiny_data(target, tmp_path / "data.jsonl", n=8)
+    config = TrainingConfig(
+        target="tiny", data=str(tmp_path / "data.jsonl"), output=str(tmp_path / "drafter"), block_size=4,
+        mask_token_id=47, num_anchors=8, batch_size=2, max_steps=2, draft_vocab_size=10,
+    )
+    train(config, target=target, tokenizer=make_tokenizer(48))
+    saved = DFlashDraftModel.from_pretrained(tmp_path / "drafter")
+    samples, _ = load_samples(tmp_path / "data.jsonl")
+    counts = torch.bincount(torch.tensor([t for ids, mask in samples for t, m in zip(ids, mask) if m]), minlength=48)
+    assert saved.config.dflash_config["draft_vocab_size"] == 10
+    assert sorted(saved.draft_vocab.tolist()) == sorted(frequent_tokens(samples, 10))
+    # no token left out is more frequent than a token kept
+    left_out = torch.ones(48, dtype=torch.bool)
+    left_out[saved.draft_vocab] = False
+    assert counts[left_out].max() <= counts[saved.draft_vocab].min()
