@@ -49,10 +49,10 @@ def demo(args) -> int:
 
     torch.set_num_threads(args.threads)
     target, tokenizer = _load_target(args.target)
-    if args.drafter:
-        drafter, trained = AutoModel.from_pretrained(args.drafter), True
+    if args.drafter:  # shipped in bf16 to stay small; computed in the target's dtype (CPUs are slow in bf16)
+        drafter, trained = AutoModel.from_pretrained(args.drafter, dtype=target.dtype), True
     elif SHIPPED_DRAFTER.is_dir() and args.target == SMOLLM2_ID:
-        drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER)), True
+        drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER), dtype=target.dtype), True
     else:
         torch.manual_seed(0)
         drafter, trained = hf_dflash.DFlashDraftModel.from_target(target, 1, args.block_size, tokenizer=tokenizer), False
@@ -211,6 +211,7 @@ _FIELD_HELP = {
     "resume": "continue from the newest checkpoint in OUTPUT/checkpoints",
     "bf16": "bf16 autocast with fp32 master weights",
     "eval_prompts": "prompts file for a real acceptance-length eval with generate",
+    "init_from": "start from another drafter's weights: drafter folder, Hub id, checkpoint folder or .safetensors",
     "draft_vocab_size": "draft only the N most frequent response tokens (cheaper drafting; output unchanged)",
 }
 

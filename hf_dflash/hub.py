@@ -44,6 +44,9 @@ def render_model_card(config: dict, repo_id: str | None = None, training: dict |
         hidden_size=config["hidden_size"],
         target_layer_ids=block.get("target_layer_ids"),
         mask_token_id=block.get("mask_token_id"),
+        draft_vocab=(f"the {block['draft_vocab_size']:,} most frequent response tokens (hf-dflash extension: "
+                     "other readers ignore it and draft over the full vocabulary)") if block.get("draft_vocab_size")
+        else f"the full vocabulary ({config.get('vocab_size', '?'):,} tokens)",
         num_parameters=f"{num_parameters:,}" if num_parameters else "see model.safetensors",
         training_text=_table(training) if training else "Not recorded.",
         results_text=_results(results) if results else "Not measured yet.",

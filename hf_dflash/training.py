@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
@@ -82,6 +83,7 @@ class TrainingConfig:
     eval_max_new_tokens: int = 64
     dtype: str = "float32"  # target dtype
     target_device_map: str | None = None  # e.g. "auto": spread a target too large for one device over all of them
+    init_from: str | None = None  # start from these drafter weights (drafter folder, Hub id, checkpoint, file)
     # hf-dflash extension: draft only the N most frequent response tokens of the data. Scoring ~8K of SmolLM2's 49K
     # lm_head rows makes each drafter step several times cheaper on a CPU; rarer tokens are simply never drafted.
     draft_vocab_size: int | None = None
@@ -305,6 +307,8 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
         target, config.num_layers, config.block_size, config.mask_token_id, config.target_layer_ids, tokenizer
     ).float()
     drafter.config.dflash_config["target_model"] = config.target  # the id, not a resolved local path
+    if config.init_from:
+        load_drafter_weights(drafter, config.init_from)
     drafter.train()
     layer_ids = drafter.config.target_layer_ids
 
@@ -462,6 +466,33 @@ def _pad_features(features: list[torch.Tensor], length: int) -> torch.Tensor:
     for i, f in enumerate(features):
         out[i, : f.shape[0]] = f.float()
     return out
+
+
+def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
+    """Copy the weights of another drafter of the same shape into `drafter`: `source` is a saved drafter folder, a
+    training checkpoint folder (`checkpoints/checkpoint-N`), a `.safetensors` file or a Hub id. Its draft
+    vocabulary is not copied (a run sets its own with `draft_vocab_size`)."""
+    path = Path(source)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    elif not path.is_file():
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(source, "model.safetensors"))
+    if not path.is_file():
+        raise FileNotFoundError(f"init_from={source!r}: no model.safetensors there.")
+    state = {k: v for k, v in load_file(str(path)).items() if k != "draft_vocab"}
+    own = {k: v.shape for k, v in drafter.state_dict().items() if k != "draft_vocab"}
+    bad = sorted(set(own) ^ set(state)) + sorted(k for k in own.keys() & state.keys() if own[k] != state[k].shape)
+    if bad:
+        raise ValueError(
+            f"init_from={source!r} does not fit this drafter (differing tensors: {', '.join(bad[:6])}"
+            f"{', ...' if len(bad) > 6 else ''}). Use the same num_layers and target_layer_ids as the run it came from."
+        )
+    with torch.no_grad():
+        for name, tensor in drafter.state_dict().items():
+            if name in state:
+                tensor.copy_(state[name])
 
 
 def _save_checkpoint(accelerator, checkpoints: Path, step: int) -> None:

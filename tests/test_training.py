@@ -239,3 +239,35 @@ def test_draft_vocab_size_saves_the_most_frequent_response_tokens(tmp_path):
     left_out = torch.ones(48, dtype=torch.bool)
     left_out[saved.draft_vocab] = False
     assert counts[left_out].max() <= counts[saved.draft_vocab].min()
+
+
+def test_init_from_a_drafter_folder_or_a_checkpoint(tmp_path):
+    from hf_dflash.training import load_drafter_weights
+
+    target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
+    tiny_data(target, tmp_path / "data.jsonl", n=8)
+    config = TrainingConfig(
+        target="tiny", data=str(tmp_path / "data.jsonl"), output=str(tmp_path / "first"), block_size=4,
+        mask_token_id=47, num_anchors=8, batch_size=2, max_steps=4, save_steps=2, draft_vocab_size=12,
+    )
+    first = train(config, target=target, tokenizer=make_tokenizer(48))
+    for source in (tmp_path / "first", tmp_path / "first" / "checkpoints" / "checkpoint-4"):
+        fresh = make_drafter(target, block_size=4, mask_token_id=47, seed=5)
+        load_drafter_weights(fresh, str(source))
+        for name, tensor in first.state_dict().items():
+            if name != "draft_vocab":
+                torch.testing.assert_close(fresh.state_dict()[name], tensor, msg=f"{name} from {source}")
+        assert fresh.draft_vocab is None  # a run sets its own draft vocabulary
+
+    # a second run starts where the first ended: its first logged loss is the first run's level, not random init's
+    second = TrainingConfig(**{**config.__dict__, "output": str(tmp_path / "second"), "init_from": str(tmp_path / "first"),
+                               "max_steps": 1, "logging_steps": 1, "learning_rate": 1e-9})
+    train(second, target=target, tokenizer=make_tokenizer(48))
+    start = json.loads((tmp_path / "second" / "train_log.jsonl").read_text().splitlines()[0])["loss"]
+    fresh_run = TrainingConfig(**{**second.__dict__, "output": str(tmp_path / "fresh"), "init_from": None})
+    train(fresh_run, target=target, tokenizer=make_tokenizer(48))
+    random_start = json.loads((tmp_path / "fresh" / "train_log.jsonl").read_text().splitlines()[0])["loss"]
+    assert start < random_start
+
+    with pytest.raises(ValueError, match="same num_layers"):
+        load_drafter_weights(make_drafter(target, block_size=4, num_hidden_layers=2, mask_token_id=47), str(tmp_path / "first"))
