@@ -192,7 +192,7 @@ def flex_training_mask(anchors, anchor_valid, valid, block_size: int, window: in
 
 def chunked_loss(hidden, head, labels, mask, weights, chunk_size: int):
     """Weighted cross-entropy of the drafter's hidden states through the frozen lm_head, `chunk_size` rows at a time
-    (recomputed in backward), so the [rows, vocab] logits never exist all at once.
+    (recomputed in backward when there are several chunks), so at most [chunk_size, vocab] logits exist at once.
 
     hidden [R, H], labels [R], mask [R] bool, weights [R]. Returns (weighted loss sum, correct [R] bool)."""
     rows = mask.nonzero().squeeze(1)
@@ -207,7 +207,7 @@ def chunked_loss(hidden, head, labels, mask, weights, chunk_size: int):
     for start in range(0, rows.numel(), chunk_size):
         idx = rows[start : start + chunk_size]
         args = (hidden[idx], labels[idx], weights[idx])
-        if hidden.requires_grad:
+        if hidden.requires_grad and rows.numel() > chunk_size:  # one chunk: keeping its logits costs no more
             part, hits = checkpoint(chunk_loss, *args, use_reentrant=False)
         else:
             part, hits = chunk_loss(*args)

