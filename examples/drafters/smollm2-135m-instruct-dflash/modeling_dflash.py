@@ -1,0 +1,395 @@
+"""DFlash drafter: a block-diffusion draft model conditioned on target hidden features.
+
+Self-contained (torch + transformers only) so the file can be uploaded to the Hub as remote code.
+What differs from Qwen3 (everything else is imported from transformers' Qwen3 modules):
+
+- no embedding and no lm_head: the drafter borrows the target's (frozen) input embedding and output head;
+- context features: the outputs of a few target layers, concatenated, projected by `fc` and normed by `hidden_norm`;
+- KV injection: in every layer keys/values come from `[context ; block]`, queries from the block only;
+- full-attention layers attend bidirectionally inside the block; sliding-window layers are causal and windowed.
+"""
+
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.models.qwen3.modeling_qwen3 import (
+    ALL_ATTENTION_FUNCTIONS,
+    Qwen3Attention,
+    Qwen3DecoderLayer,
+    Qwen3PreTrainedModel,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+
+try:
+    from .configuration_dflash import DFlashConfig
+except ImportError:  # loaded as a single Hub file next to configuration_dflash.py
+    from configuration_dflash import DFlashConfig
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [batch, heads, length, head_dim]; cos/sin: [batch, length, head_dim]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class DFlashAttention(Qwen3Attention):
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.is_causal = False  # diff with Qwen3: the block attends to itself bidirectionally
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, block_len, _ = hidden_states.shape
+        context_len = context.shape[1]
+        # diff with Qwen3: queries from the block only, keys/values from [context ; block]
+        query = self.q_norm(self.q_proj(hidden_states).view(batch, block_len, -1, self.head_dim)).transpose(1, 2)
+        kv_input = torch.cat([context, hidden_states], dim=1)
+        kv_shape = (batch, context_len + block_len, -1, self.head_dim)
+        key = self.k_norm(self.k_proj(kv_input).view(kv_shape)).transpose(1, 2)
+        value = self.v_proj(kv_input).view(kv_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings  # [batch, context_len + block_len, head_dim]
+        query = _rotate(query, cos[:, context_len:], sin[:, context_len:])
+        key = _rotate(key, cos, sin)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.shape[-1] > key.shape[-2]:
+            attention_mask = attention_mask[..., -key.shape[-2] :]  # a sliding cache layer returns the window only
+
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            **kwargs,
+        )
+        return self.o_proj(output.reshape(batch, block_len, -1).contiguous()), weights
+
+
+class DFlashDecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, config: DFlashConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = DFlashAttention(config, layer_idx)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        # diff with Qwen3: the context enters every layer un-normed, as keys/values only
+        hidden_states, _ = self.self_attn(hidden_states, context, position_embeddings, attention_mask, cache, **kwargs)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + hidden_states
+
+
+class DFlashDraftModel(Qwen3PreTrainedModel):
+    """
+    The DFlash drafter. `forward` maps a block of (masked) token embeddings plus target context features to draft
+    hidden states; the target's output head turns them into draft logits (`compute_logits`).
+
+    Tensor names match the z-lab checkpoints (`layers.*`, `fc`, `hidden_norm`, `norm`, no `model.` prefix).
+    """
+
+    config_class = DFlashConfig
+    base_model_prefix = "dflash"  # the drafter is its own base model: z-lab tensor names carry no prefix
+    _no_split_modules = ["DFlashDecoderLayer"]
+    _supports_flash_attn = False  # blocks see arbitrary key subsets: needs an explicit mask
+    _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.", r"embed_tokens\.", r"lm_head\."]
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__(config)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        # hf-dflash extension (other readers ignore the tensor): the target tokens the drafter may propose. Scoring
+        # only these rows of the lm_head makes drafting cheaper; verification, hence the output, is unchanged.
+        size = (config.dflash_config or {}).get("draft_vocab_size")
+        self.register_buffer("draft_vocab", torch.arange(int(size)) if size else None, persistent=True)
+        self.post_init()
+
+    @property
+    def block_size(self) -> int:
+        return int(self.config.block_size)
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return self.config.target_layer_ids
+
+    @classmethod
+    def from_target(
+        cls,
+        target: nn.Module,
+        num_hidden_layers: int = 1,
+        block_size: int = 16,
+        mask_token_id: int | None = None,
+        target_layer_ids: list[int] | None = None,
+        tokenizer=None,
+        **config_kwargs,
+    ) -> "DFlashDraftModel":
+        """A randomly initialised drafter whose dimensions match `target` (on its device, in its dtype).
+
+        `target_layer_ids` default to the DFlash rule; `mask_token_id` defaults to an embedding row the tokenizer
+        does not use (pass `tokenizer=`), or raises saying how to choose one.
+        """
+        text = target.config.get_text_config()
+        layers = text.num_hidden_layers
+        rope = dict(getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+        rope = rope.get("full_attention", rope)  # per-layer-type rope (Gemma 3): the drafter's layers are full
+        extras = {}
+        embed_scale = getattr(target.get_input_embeddings(), "embed_scale", None)
+        if embed_scale is not None and float(embed_scale) != 1.0:
+            extras["input_embedding_scale"] = float(embed_scale)
+        if getattr(text, "final_logit_softcapping", None):
+            extras["final_logit_softcapping"] = float(text.final_logit_softcapping)
+        extras.update(config_kwargs.pop("dflash_config", None) or {})  # keys the caller sets explicitly win
+        config = DFlashConfig(
+            hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_parameters=rope,
+            max_position_embeddings=text.max_position_embeddings,
+            vocab_size=text.vocab_size,
+            bos_token_id=text.bos_token_id,
+            eos_token_id=text.eos_token_id,
+            pad_token_id=text.pad_token_id,
+            block_size=block_size,
+            mask_token_id=_default_mask_token_id(target, tokenizer) if mask_token_id is None else mask_token_id,
+            target_layer_ids=target_layer_ids,
+            num_target_layers=layers,
+            dflash_config={**({"target_model": target.name_or_path} if target.name_or_path else {}), **extras},
+            **config_kwargs,
+        )
+        weight = target.get_input_embeddings().weight
+        if not 0 <= config.mask_token_id < weight.shape[0]:
+            raise ValueError(
+                f"mask_token_id={config.mask_token_id} is not a row of the target's embedding table "
+                f"(0..{weight.shape[0] - 1}). Choose an existing row the tokenizer does not use."
+            )
+        return cls(config).to(device=weight.device, dtype=weight.dtype)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Save in the z-lab format, plus this file and configuration_dflash.py with an `auto_map`, so that
+        `AutoModel.from_pretrained(dir, trust_remote_code=True)` works without hf-dflash, and (when hf-dflash is
+        installed) a model card if the folder has none."""
+        self.config.auto_map = {
+            "AutoConfig": "configuration_dflash.DFlashConfig",
+            "AutoModel": "modeling_dflash.DFlashDraftModel",
+        }
+        super().save_pretrained(save_directory, *args, **kwargs)
+        for name in ("configuration_dflash.py", "modeling_dflash.py"):
+            shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
+        try:
+            from hf_dflash.hub import write_model_card
+        except ImportError:
+            return
+        if not (Path(save_directory) / "README.md").exists():
+            write_model_card(save_directory)
+
+    def forward(
+        self,
+        noise_embeds: torch.Tensor,
+        context_hidden_states: torch.Tensor,
+        position_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | dict | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        r"""
+        Args:
+            noise_embeds (`[batch, block_len, hidden]`): target input embeddings of the block(s).
+            context_hidden_states (`[batch, context_len, len(target_layer_ids) * hidden]`): concatenated target
+                features of the context positions not yet in `cache`.
+            position_ids (`[batch, context_len + block_len]`): positions of the context, then of the block.
+            attention_mask: `None` (everything visible, sliding windows applied by position), a 2-D key mask
+                `[batch, past + context_len + block_len]` (1 = visible), a 4-D mask `[batch, 1, block_len, keys]`
+                (bool, True = visible), or a dict of such 4-D masks keyed by layer type.
+            cache: a transformers `Cache`; the context and block keys/values are appended to it. Callers crop the
+                block part afterwards.
+        """
+        if "past_key_values" in kwargs:  # older transformers spelling
+            cache = kwargs.pop("past_key_values")
+        dtype = self.fc.weight.dtype
+        context = self.hidden_norm(self.fc(context_hidden_states.to(device=self.fc.weight.device, dtype=dtype)))
+        hidden_states = noise_embeds.to(device=self.fc.weight.device, dtype=dtype)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        past_len = cache.get_seq_length() if cache is not None else 0
+        masks = self._layer_masks(attention_mask, position_ids, context.shape[1], past_len, dtype)
+        for layer in self.layers:
+            mask = masks[layer.self_attn.layer_type or "full_attention"]
+            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states))
+
+    def _layer_masks(self, attention_mask, position_ids, context_len, past_len, dtype) -> dict:
+        """One mask per layer type, in the format the attention implementation expects."""
+        layer_types = set(self.config.layer_types or ["full_attention"])
+        if isinstance(attention_mask, dict):
+            masks = dict(attention_mask)
+        elif attention_mask is not None and attention_mask.dim() == 4:
+            masks = dict.fromkeys(layer_types, attention_mask)
+        else:
+            block_len = position_ids.shape[1] - context_len
+            masks = {}
+            for layer_type in layer_types:
+                window = self.config.sliding_window if layer_type == "sliding_attention" else None
+                masks[layer_type] = _block_mask(attention_mask, position_ids, block_len, past_len, window)
+        if self.config._attn_implementation == "eager":
+            masks = {k: _additive(m, dtype) for k, m in masks.items()}
+        return masks
+
+    def embed(self, target: nn.Module, input_ids: torch.LongTensor) -> torch.Tensor:
+        """Block embeddings from the target's table: raw rows times `input_embedding_scale`, as the reference does
+        (a target whose embedding module rescales, like Gemma, records its scale there)."""
+        weight = target.get_input_embeddings().weight
+        scale = float(self.config.dflash_config.get("input_embedding_scale", 1.0))
+        embeds = F.embedding(input_ids.to(weight.device), weight)
+        return embeds * scale if scale != 1.0 else embeds
+
+    def set_draft_vocab(self, token_ids) -> None:
+        """Restrict drafts to `token_ids` (e.g. the most frequent tokens of the training responses), or lift the
+        restriction with `None`. Saved with the model (`draft_vocab` tensor, `dflash_config.draft_vocab_size`)."""
+        if token_ids is None:
+            self.draft_vocab = None
+            self.config.dflash_config.pop("draft_vocab_size", None)
+            return
+        ids = torch.as_tensor(list(token_ids), dtype=torch.long).unique()
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(
+                f"draft vocabulary ids must be non-empty and within 0..{self.config.vocab_size - 1}; "
+                f"got {ids.numel()} ids in [{ids.min() if ids.numel() else '-'}, {ids.max() if ids.numel() else '-'}]."
+            )
+        self.draft_vocab = ids.to(self.fc.weight.device)
+        self.config.dflash_config["draft_vocab_size"] = int(ids.numel())
+
+    def draft_head(self, output_head: nn.Module) -> tuple | None:
+        """`(weight, bias, token_ids)`: the rows of the target's head that the drafter scores (the `draft_vocab`
+        rows, or all rows with `token_ids=None`), to gather once per generation and pass to `draft_tokens`.
+        None for a head that is not a plain `nn.Linear` (e.g. quantized): drafts then score it whole."""
+        if type(output_head) is not nn.Linear:
+            return None
+        weight, bias = output_head.weight, output_head.bias
+        if self.draft_vocab is None:
+            return weight, bias, None
+        rows = self.draft_vocab.to(weight.device)
+        return weight[rows], None if bias is None else bias[rows], rows
+
+    def draft_tokens(self, hidden_states: torch.Tensor, output_head: nn.Module, head=None) -> torch.LongTensor:
+        """Greedy drafts as target token ids: the argmax of the draft logits over `head = draft_head(output_head)`
+        (its token ids), or over the whole `output_head` when `head` is None."""
+        if head is None:
+            return self.compute_logits(hidden_states, output_head).argmax(-1)
+        weight, bias, token_ids = head
+        flat = hidden_states.reshape(-1, hidden_states.shape[-1]).to(device=weight.device, dtype=weight.dtype)
+        # `W @ h^T` rather than `h @ W^T`: for a few rows, CPU BLAS runs this layout about 2x faster
+        logits = (weight @ flat.T).T.reshape(*hidden_states.shape[:-1], weight.shape[0])
+        ids = self._scale_logits(logits if bias is None else logits + bias).argmax(-1)
+        return ids if token_ids is None else token_ids[ids]
+
+    def compute_logits(self, hidden_states: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
+        """Draft logits through the target's output head, with the drafter's optional multiplier and soft cap."""
+        weight = output_head.weight
+        return self._scale_logits(output_head(hidden_states.to(device=weight.device, dtype=weight.dtype)))
+
+    def _scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        multiplier = self.config.dflash_config.get("output_multiplier")
+        if multiplier is not None and float(multiplier) != 1.0:
+            logits = logits * float(multiplier)
+        softcap = self.config.dflash_config.get("final_logit_softcapping")
+        if softcap is not None and float(softcap) > 0:
+            logits = torch.tanh(logits / float(softcap)) * float(softcap)
+        return logits
+
+
+def _default_mask_token_id(target: nn.Module, tokenizer) -> int:
+    """An embedding row the tokenizer never produces: a padded row past the tokenizer's vocabulary, else a known
+    mask / unused token, else the highest special token that the chat template does not use."""
+    if tokenizer is None:
+        raise ValueError(
+            "Cannot choose a mask token without the tokenizer: pass tokenizer=... so an unused embedding row can be "
+            "found, or mask_token_id=<an existing embedding row the tokenizer does not use>."
+        )
+    rows = target.get_input_embeddings().weight.shape[0]
+    if rows > len(tokenizer):
+        return len(tokenizer)  # the first padded row, as z-lab's Qwen3 drafters use
+    vocab = tokenizer.get_vocab()
+    for name in ("<|MASK|>", "<|mask|>", "<mask>", "<unused0>", "<|reserved_special_token_0|>"):
+        if name in vocab:
+            return vocab[name]
+    in_use = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    spare = [i for tok, i in tokenizer.get_added_vocab().items() if i not in in_use and tok not in template]
+    if spare:
+        return max(spare)
+    raise ValueError(
+        "Every embedding row is used by the tokenizer: pass mask_token_id=<a rarely used token id>, e.g. a special "
+        "token that never appears in your prompts or responses."
+    )
+
+
+def _block_mask(key_mask, position_ids, block_len, past_len, window) -> torch.Tensor | None:
+    """Visibility `[batch, 1, block_len, keys]` of the keys `[cache ; context ; block]` for the block's queries.
+
+    Without a window and without a key mask everything is visible (None: no mask needed). Positions of cached keys
+    are assumed contiguous before the first new position, which holds for the transformers native loop.
+    """
+    if window is None and key_mask is None:
+        return None
+    batch, new_len = position_ids.shape
+    key_len = past_len + new_len
+    visible = torch.ones(batch, 1, block_len, key_len, dtype=torch.bool, device=position_ids.device)
+    if key_mask is not None:
+        visible &= key_mask[:, None, None, -key_len:].bool()
+    if window is not None:
+        first = position_ids[:, :1] - past_len
+        key_pos = torch.cat([first + torch.arange(past_len, device=first.device), position_ids], dim=1)
+        query_pos = position_ids[:, -block_len:]
+        distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
+        visible &= (distance >= 0) & (distance < window)
+    return visible
+
+
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+__all__ = ["DFlashDraftModel", "DFlashAttention", "DFlashDecoderLayer"]
