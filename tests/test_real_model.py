@@ -65,6 +65,8 @@ def test_shipped_drafter_is_hub_ready():
     names = {p.name for p in SHIPPED.iterdir()}
     assert {"config.json", "model.safetensors", "README.md", "training_args.json", *REMOTE_CODE} <= names
     assert (SHIPPED / "model.safetensors").stat().st_size <= 30 * 2**20
+    for name in REMOTE_CODE:  # the Hub folder's remote code is a copy of modeling/: it must not go stale
+        assert (SHIPPED / name).read_text() == (SHIPPED.parents[2] / "modeling" / name).read_text(), name
     with safe_open(str(SHIPPED / "model.safetensors"), "pt") as f:
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
     assert dtypes == {"BF16", "I64"}  # bf16 weights, plus the int64 draft vocabulary
