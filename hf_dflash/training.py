@@ -481,18 +481,18 @@ def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
         path = Path(hf_hub_download(source, "model.safetensors"))
     if not path.is_file():
         raise FileNotFoundError(f"init_from={source!r}: no model.safetensors there.")
-    state = {k: v for k, v in load_file(str(path)).items() if k != "draft_vocab"}
-    own = {k: v.shape for k, v in drafter.state_dict().items() if k != "draft_vocab"}
-    bad = sorted(set(own) ^ set(state)) + sorted(k for k in own.keys() & state.keys() if own[k] != state[k].shape)
+    state = load_file(str(path))
+    state.pop("draft_vocab", None)
+    try:
+        result = drafter.load_state_dict(state, strict=False)  # raises on a shape mismatch
+        bad = result.missing_keys + result.unexpected_keys
+    except RuntimeError as error:
+        bad = [str(error).splitlines()[-1].strip()]
     if bad:
         raise ValueError(
             f"init_from={source!r} does not fit this drafter (differing tensors: {', '.join(bad[:6])}"
             f"{', ...' if len(bad) > 6 else ''}). Use the same num_layers and target_layer_ids as the run it came from."
         )
-    with torch.no_grad():
-        for name, tensor in drafter.state_dict().items():
-            if name in state:
-                tensor.copy_(state[name])
 
 
 def _save_checkpoint(accelerator, checkpoints: Path, step: int) -> None:

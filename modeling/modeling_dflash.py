@@ -293,8 +293,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         ids = torch.as_tensor(list(token_ids), dtype=torch.long).unique()
         if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise ValueError(
-                f"draft vocabulary ids must be non-empty and within 0..{self.config.vocab_size - 1}; "
-                f"got {ids.numel()} ids in [{ids.min() if ids.numel() else '-'}, {ids.max() if ids.numel() else '-'}]."
+                f"draft vocabulary ids must be non-empty and within 0..{self.config.vocab_size - 1}; got "
+                f"{ids.tolist()[:8]}{' ...' if ids.numel() > 8 else ''}. Pass token ids of the target's vocabulary."
             )
         self.draft_vocab = ids.to(self.fc.weight.device)
         self.config.dflash_config["draft_vocab_size"] = int(ids.numel())
