@@ -150,9 +150,8 @@ def dflash_decode(
     out = state.target_forward(input_ids, attention_mask, position_ids, logits_to_keep=1)
     _check_cache(state.cache)  # the layer types exist once the prefill filled the cache
     state.context = (state.features(out), prompt_mask, position_ids)
-    scores = state.process(out.logits[:, -1:], input_ids[:, :0])  # [batch, 1, vocab]
-    tokens = state.choose(scores)
-    state.commit(tokens, torch.ones(batch, dtype=torch.long, device=tokens.device), scores)
+    tokens, kept, scores = state.verify(out.logits[:, -1:], input_ids[:, -1:])  # a block of one: no drafts
+    state.commit(tokens, kept, scores)
     state.target_mask = prompt_mask
     state.next_pos = prompt_mask.sum(-1)  # position of each row's newest token, not yet in the cache
     state.drop_finished()
@@ -163,10 +162,7 @@ def dflash_decode(
         positions = state.next_pos[:, None] + torch.arange(verify_len, device=block.device)
         mask = torch.cat([state.target_mask, torch.ones_like(block, dtype=torch.bool)], dim=1)
         out = state.target_forward(block, None if mask.all() else mask.long(), positions)
-        scores = state.process(out.logits, block[:, 1:])  # [rows, V, vocab]
-        tokens = state.choose(scores)  # the target's token after each block position
-        matches = (block[:, 1:] == tokens[:, :-1]).long().cumprod(-1)
-        kept = matches.sum(-1) + 1  # accepted drafts + the target's token at the first mismatch
+        tokens, kept, scores = state.verify(out.logits, block)  # kept: accepted drafts + the target's token
         state.record(state.commit(tokens, kept, scores))
         keep = torch.arange(verify_len, device=block.device) < kept[:, None]  # [rows, V]: verified slots to keep
         state.target_mask = _keep_verified(state.cache, state.target_mask, keep)
@@ -267,32 +263,52 @@ class _Decoder:
         return drafter.draft_tokens(hidden[:, 1:], self.head, self.draft_head)
 
     # --- verification -------------------------------------------------------------------------------------
-    def process(self, logits: torch.Tensor, drafts: torch.LongTensor) -> torch.Tensor:
-        """Logits processors at every block position: position i sees the committed tokens plus drafts[:, :i]."""
+    def verify(self, logits: torch.Tensor, block: torch.LongTensor):
+        """The target's token after each block position, position by position, only as far as each row's drafts
+        match: later positions are never committed, so their processors and sampling would be wasted (top-p sorts
+        the whole vocabulary). Returns tokens [rows, V], kept [rows] and the processed scores [rows, V, vocab]
+        (filled where computed)."""
+        rows, length, vocab = logits.shape
         if self.keep_logits:
             self._raw = logits.float()
+        tokens = block.new_zeros(rows, length)
+        scores = logits.new_empty(rows, length, vocab, dtype=torch.float32)
+        kept = torch.zeros(rows, dtype=torch.long, device=block.device)
+        live = torch.arange(rows, device=block.device)  # rows whose drafts matched before position j
+        committed = self.lengths[self.rows]
+        for j in range(length):
+            live = live[committed[live] + j < self.config.max_length]  # never committed past max_length
+            if live.numel() == 0:
+                break
+            scores[live, j] = self.process(logits[live, j], block[live, 1 : j + 1], live)
+            tokens[live, j] = self.choose(scores[live, j])
+            kept[live] += 1
+            if j + 1 < length:
+                live = live[tokens[live, j] == block[live, j + 1]]
+        return tokens, kept, scores
+
+    def process(self, logits: torch.Tensor, drafts: torch.LongTensor, live: torch.LongTensor) -> torch.Tensor:
+        """Logits processors for one block position of the rows `live`: row i sees its committed tokens plus
+        drafts[i] (the drafts before this position)."""
         scores = logits.to(dtype=torch.float32, copy=True)  # like `_sample`: processors run in float32
         if not self.processors:
             return scores
-        rows, length, vocab = scores.shape
         if all(isinstance(p, _POSITION_FREE) for p in self.processors):
-            flat = self.processors(drafts.new_zeros(rows * length, 1), scores.view(-1, vocab))
-            return flat.view(rows, length, vocab)
+            return self.processors(drafts.new_zeros(scores.shape[0], 1), scores)
         # Processors may hold state for every row of the batch (repetition_penalty's padding lengths,
         # prefix_allowed_tokens_fn's batch_id), so they always see the whole batch, as in `_sample`. One group of
-        # active rows with equal committed lengths at a time; the other rows show their own ids cut or padded to the
-        # same width, and their outputs are discarded.
-        batch = self.sequences.shape[0]
-        active_lengths = self.lengths[self.rows]
-        for committed in active_lengths.unique().tolist():
-            group = (active_lengths == committed).nonzero().squeeze(1)
-            rows = self.rows[group]
-            for i in range(min(length, self.config.max_length - committed)):  # later positions are never committed
-                ids = self.sequences[:, : committed + i].clone()
-                ids[rows, committed:] = drafts[group, :i]
-                full = scores.new_zeros(batch, vocab)
-                full[rows] = scores[group, i]
-                scores[group, i] = self.processors(ids, full)[rows]
+        # rows with equal committed lengths at a time; the other rows show their own ids cut or padded to the same
+        # width, and their outputs are discarded.
+        batch, width = self.sequences.shape[0], drafts.shape[1]
+        rows = self.rows[live]
+        lengths = self.lengths[rows]
+        for committed in lengths.unique().tolist():
+            group = (lengths == committed).nonzero().squeeze(1)
+            ids = self.sequences[:, : committed + width].clone()
+            ids[rows[group], committed:] = drafts[group]
+            full = scores.new_zeros(batch, scores.shape[-1])
+            full[rows[group]] = scores[group]
+            scores[group] = self.processors(ids, full)[rows[group]]
         return scores
 
     def choose(self, scores: torch.Tensor) -> torch.LongTensor:
@@ -300,8 +316,7 @@ class _Decoder:
             return scores.argmax(-1)
         # A greedy draft is a point-mass proposal: sampling the target at each position and accepting while the
         # sample equals the draft is exact speculative sampling.
-        probs = F.softmax(scores, dim=-1)
-        return torch.multinomial(probs.view(-1, probs.shape[-1]), 1).view(probs.shape[:-1])
+        return torch.multinomial(F.softmax(scores, dim=-1), 1).squeeze(-1)
 
     def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
         """Append each row's first `kept` tokens one by one, checking the stopping criteria after each; return how

@@ -162,22 +162,26 @@ def test_random_drafter_samples_the_target_distribution(target, drafter, setting
 def test_biased_acceptance_is_detected(target, drafter, greedy_oracle, monkeypatch):
     """Negative control on the sampler itself: the classic bug of accepting a point-mass draft with probability
     p(draft) and otherwise sampling p again (instead of the residual) over-weights the drafts; the G-test sees it."""
-    real_process = _Decoder.process
+    real_verify, real_process = _Decoder.verify, _Decoder.process
 
-    def process(self, logits, drafts):
-        self._drafts = drafts
-        return real_process(self, logits, drafts)
+    def verify(self, logits, block):
+        self._block = block
+        return real_verify(self, logits, block)
+
+    def process(self, logits, drafts, live):
+        self._position, self._live = drafts.shape[1], live
+        return real_process(self, logits, drafts, live)
 
     def choose(self, scores):
         probs = F.softmax(scores, dim=-1)
-        tokens = torch.multinomial(probs.view(-1, probs.shape[-1]), 1).view(probs.shape[:-1])
-        drafts = self._drafts
-        if drafts.shape[1]:
-            p_draft = probs[:, :-1].gather(-1, drafts[..., None])[..., 0]
-            accept = torch.rand_like(p_draft) < p_draft
-            tokens[:, :-1] = torch.where(accept, drafts, tokens[:, :-1])
+        tokens = torch.multinomial(probs, 1).squeeze(-1)
+        if self._position + 1 < self._block.shape[1]:  # a draft sits at this position
+            drafts = self._block[self._live, self._position + 1]
+            accept = torch.rand_like(tokens, dtype=probs.dtype) < probs.gather(-1, drafts[:, None])[:, 0]
+            tokens = torch.where(accept, drafts, tokens)
         return tokens
 
+    monkeypatch.setattr(_Decoder, "verify", verify)
     monkeypatch.setattr(_Decoder, "process", process)
     monkeypatch.setattr(_Decoder, "choose", choose)
     settings = SETTINGS["top_k_top_p"]
