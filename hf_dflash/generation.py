@@ -440,14 +440,15 @@ def _keep_verified(cache, valid: torch.BoolTensor, keep: torch.BoolTensor) -> to
         cache.crop(longest - verify_len)
         return torch.cat([valid, kept], dim=1)
     slots = torch.cat([valid, kept], dim=1)  # [rows, S + longest]
+    shifts = [(i, r) for i, r in enumerate((longest - keep.sum(-1)).tolist()) if r]  # row i moves right by r
     for layer in cache.layers:
-        # A sliding layer stores only its window of the S old slots: sort inside what it stores. The rejected slots
-        # it moves left are at most `longest`, which the window trim below removes again.
+        # A sliding layer stores only its window of the S old slots: shift inside what it stores. The `r` slots it
+        # frees at the left are masked, and the window trim below removes them again.
         tail = layer.keys.shape[-2] - verify_len + longest
-        order = torch.sort(slots[:, -tail:].to(torch.int8), dim=1, stable=True).indices  # rejected first
-        index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-        layer.keys = layer.keys[..., :tail, :].gather(2, index)
-        layer.values = layer.values[..., :tail, :].gather(2, index)
+        layer.keys, layer.values = layer.keys[..., :tail, :], layer.values[..., :tail, :]
+        for i, r in shifts:  # in place, row by row: a gather over the whole cache is ~10x slower on CPU
+            layer.keys[i, :, r:] = layer.keys[i, :, :-r].clone()
+            layer.values[i, :, r:] = layer.values[i, :, :-r].clone()
         if isinstance(layer, DynamicSlidingWindowLayer):
             layer.cumulative_length = slots.shape[1]
             if tail >= layer.sliding_window:
