@@ -264,7 +264,9 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config: T
 
 def target_features(target, input_ids, valid, layer_ids) -> torch.Tensor:
     with torch.no_grad():
-        out = target(input_ids=input_ids, attention_mask=valid.long(), output_hidden_states=True)
+        # logits_to_keep=1: only the hidden states are used, and the lm_head over every position would cost as much
+        # as the rest of this forward for a small target.
+        out = target(input_ids=input_ids, attention_mask=valid.long(), output_hidden_states=True, logits_to_keep=1)
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
