@@ -264,8 +264,8 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config: T
 
 def target_features(target, input_ids, valid, layer_ids) -> torch.Tensor:
     with torch.no_grad():
-        # logits_to_keep=1: only the hidden states are used, and the lm_head over every position would cost as much
-        # as the rest of this forward for a small target.
+        # logits_to_keep=1: only the hidden states are used; the lm_head over every position was a quarter of this
+        # forward for SmolLM2-135M (300 tokens, one CPU thread: 1.20 s -> 0.91 s).
         out = target(input_ids=input_ids, attention_mask=valid.long(), output_hidden_states=True, logits_to_keep=1)
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
