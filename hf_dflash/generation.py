@@ -59,12 +59,18 @@ class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
 def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
     """`target.generate(inputs, **kwargs)` with DFlash drafts; works without the `assistant_model` hook.
 
-    Everything `generate` accepts is accepted, except beam search (`num_beams > 1`).
+    Everything `generate` accepts is accepted, except beam search (`num_beams > 1`). `num_assistant_tokens` (as in
+    assisted generation: a `generate` argument, or set in the generation config) drafts fewer tokens per step than
+    the drafter's block holds, which pays where verifying a long block costs much more than a short one (CPUs).
     """
     generation_config = kwargs.pop("generation_config", None)
     config = generation_config if generation_config is not None else target.generation_config
     if (kwargs.get("num_beams") or config.num_beams or 1) > 1:
         raise ValueError("DFlash speculative decoding does not support beam search: use num_beams=1.")
+    num_drafts = kwargs.pop("num_assistant_tokens", None)
+    num_drafts = config.num_assistant_tokens if num_drafts is None else num_drafts
+    if num_drafts is not None and (not isinstance(num_drafts, int) or num_drafts < 0):
+        raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
     # transformers drops `tokenizer` and `streamer` before a `custom_generate` callable runs: stop strings become a
     # stopping criterion here, and the streamer goes to the loop directly.
     tokenizer = kwargs.pop("tokenizer", None)
@@ -79,7 +85,9 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
         criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
         kwargs["stopping_criteria"] = criteria
-    decode = functools.partial(dflash_decode, drafter=drafter, streamer=kwargs.get("streamer"))
+    decode = functools.partial(
+        dflash_decode, drafter=drafter, num_assistant_tokens=num_drafts, streamer=kwargs.get("streamer")
+    )
     return original_generate(target, inputs, generation_config=generation_config, custom_generate=decode, **kwargs)
 
 
@@ -120,6 +128,7 @@ def dflash_decode(
     stopping_criteria,
     generation_config,
     drafter: DFlashDraftModel = None,
+    num_assistant_tokens: int | None = None,
     streamer=None,
     **model_kwargs,
 ):
@@ -127,7 +136,7 @@ def dflash_decode(
 
     Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
     longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
-    every committed position.
+    every committed position. `num_assistant_tokens` caps the drafts per step below the drafter's `block_size - 1`.
     """
     target = model
     attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
@@ -143,7 +152,10 @@ def dflash_decode(
     for unsupported in ("output_attentions", "output_hidden_states"):
         if getattr(generation_config, unsupported, False):
             logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
-    state = _Decoder(target, drafter, generation_config, logits_processor, stopping_criteria, streamer, input_ids)
+    state = _Decoder(
+        target, drafter, num_assistant_tokens, generation_config, logits_processor, stopping_criteria, streamer,
+        input_ids,
+    )
 
     # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
     position_ids = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -176,9 +188,13 @@ def dflash_decode(
 class _Decoder:
     """State of one `dflash_decode` call. Rows are the batch rows still generating (`rows` maps them back)."""
 
-    def __init__(self, target, drafter, generation_config, logits_processor, stopping_criteria, streamer, input_ids):
+    def __init__(
+        self, target, drafter, num_drafts, generation_config, logits_processor, stopping_criteria, streamer, input_ids
+    ):
         check_compatible(target, drafter)
         self.target, self.drafter = target, drafter
+        # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
+        self.block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
         self.config = generation_config
         self.processors = logits_processor or []
         self.stopping_criteria = stopping_criteria
@@ -234,7 +250,7 @@ class _Decoder:
         """The block to verify: each row's newest token, then drafts for the positions after it."""
         newest = self.sequences[self.rows, self.lengths[self.rows] - 1]
         left = int((self.config.max_length - self.lengths[self.rows]).max())
-        verify_len = min(self.drafter.block_size, left)  # never draft past max_length
+        verify_len = min(self.block_size, left)  # never draft past max_length
         if verify_len < 2:
             return newest[:, None]
         drafts = self.drafter_propose(newest, verify_len)

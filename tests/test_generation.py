@@ -66,6 +66,30 @@ def test_accepts_several_tokens_per_target_forward(oracle):
     assert counter.tokens == [5, 4, 4, 4]
 
 
+@pytest.mark.parametrize("where", ["argument", "generation_config"])
+def test_num_assistant_tokens_shortens_the_block(where, oracle):
+    from transformers import GenerationConfig
+
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=8)
+    ids, _ = left_padded(1, lengths=[5])
+    plain = target.generate(ids, do_sample=False, max_new_tokens=13)
+    oracle(correct_upto=None)
+    counter = ForwardCounter(target)
+    if where == "argument":
+        kwargs = {"num_assistant_tokens": 3}
+    else:
+        kwargs = {"generation_config": GenerationConfig(num_assistant_tokens=3, max_new_tokens=13)}
+    out = target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter, **kwargs)
+    assert torch.equal(out, plain)
+    assert counter.tokens == [5, 4, 4, 4]  # 3 drafts + the newest token per verification, not the block of 8
+    counter.tokens.clear()
+    target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter, num_assistant_tokens=0)
+    assert counter.tokens == [5] + [1] * 12  # no drafts: one token per target forward
+    with pytest.raises(ValueError, match="num_assistant_tokens=-1"):
+        target.generate(ids, max_new_tokens=3, assistant_model=drafter, num_assistant_tokens=-1)
+
+
 def test_eos_inside_an_accepted_block(oracle):
     target = make_target("qwen3")
     drafter = make_drafter(target, block_size=8)
