@@ -22,7 +22,14 @@ DEMO_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "Give three tips for staying healthy.",
 ]
-SHIPPED_DRAFTER = Path(__file__).resolve().parent.parent / "examples" / "drafters" / "smollm2-135m-instruct-dflash"
+_SHIPPED = "smollm2-135m-instruct-dflash"
+# In a wheel, examples/drafters is installed as hf_dflash/drafters (pyproject.toml); in a checkout it stays in place.
+_HERE = Path(__file__).resolve().parent
+SHIPPED_DRAFTER = next(
+    (d for d in (_HERE / "drafters" / _SHIPPED, _HERE.parent / "examples" / "drafters" / _SHIPPED)
+     if (d / "config.json").is_file()),
+    None,
+)
 
 
 def _load_target(name: str, dtype: str = "float32"):
@@ -51,7 +58,7 @@ def demo(args) -> int:
     target, tokenizer = _load_target(args.target)
     if args.drafter:  # shipped in bf16 to stay small; computed in the target's dtype (CPUs are slow in bf16)
         drafter, trained = AutoModel.from_pretrained(args.drafter, dtype=target.dtype), True
-    elif SHIPPED_DRAFTER.is_dir() and args.target == SMOLLM2_ID:
+    elif SHIPPED_DRAFTER is not None and args.target == SMOLLM2_ID:
         drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER), dtype=target.dtype), True
     else:
         torch.manual_seed(0)
