@@ -270,7 +270,10 @@ def benchmark(
     if drafter_note:
         notes.append(drafter_note)
     if any(b > drafter.block_size for b in block_sizes):
-        notes.append(f"block sizes above the drafter's own ({drafter.block_size}) draft positions it was not trained on")
+        notes.append(
+            f"block sizes above the drafter's configured block_size ({drafter.block_size}) draft positions it was "
+            "trained on only if its training block was larger"
+        )
 
     drafters = {}
     for block in block_sizes:

@@ -51,7 +51,7 @@ def test_default_mask_token_is_unused_by_the_chat_template(smollm2):
     assert token not in tokenizer.chat_template and 0 <= mask < target.get_input_embeddings().weight.shape[0]
 
 
-TAU_FLOOR = 1.3  # measured 1.47 on these two questions (1.54 on GSM8K test, README Results): a margin for BLAS numerics
+TAU_FLOOR = 1.6  # measured 1.92 on these two questions (1.75 on GSM8K test, README Results): a margin for BLAS numerics
 SHIPPED = Path(__file__).resolve().parent.parent / "examples" / "drafters" / "smollm2-135m-instruct-dflash"
 # Word problems written for this test (not from any benchmark set), in the style the drafter was trained on.
 QUESTIONS = [
@@ -74,6 +74,9 @@ def test_shipped_drafter_is_hub_ready():
     assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"]
     card = (SHIPPED / "README.md").read_text()
     assert "{{" not in card and "HuggingFaceTB/SmolLM2-135M-Instruct" in card and "| gsm8k |" in card
+    # shipped with block 4 (faster on CPUs), trained with 8: a GPU user loads all 7 trained draft positions
+    assert config["block_size"] == 4 and json.loads((SHIPPED / "training_args.json").read_text())["block_size"] == 8
+    assert AutoModel.from_pretrained(SHIPPED, block_size=8).block_size == 8
 
 
 def test_shipped_drafter_accepts_several_tokens_on_real_prompts(smollm2):
