@@ -244,12 +244,14 @@ def benchmark(
     seed: int = 0,
     drafter_note: str | None = None,
     progress: bool = True,
+    assistant_confidence_threshold: float | None = None,
 ) -> dict:
     """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
     size. Per prompt batch: new tokens, seconds, acceptance lengths per step and their histogram; per run: tau
     (pooled tokens committed per target forward), tokens/s, speedup = plain seconds / DFlash seconds. Baselines
     (batch 1, greedy) run in the same interleaved loop. `warmup` prompt batches per run are generated untimed first.
-    In greedy mode the DFlash output is compared with plain generate token for token (`identical`)."""
+    In greedy mode the DFlash output is compared with plain generate token for token (`identical`).
+    `assistant_confidence_threshold` goes to the DFlash calls (None: the drafter's default)."""
     from tqdm.auto import tqdm
 
     unknown = set(baselines) - set(BASELINES)
@@ -301,6 +303,7 @@ def benchmark(
             kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy)
             if not greedy:
                 kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+            dflash_kwargs = {"assistant_confidence_threshold": assistant_confidence_threshold}
 
             def measure(batch, timed_index):
                 texts = [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
@@ -311,7 +314,8 @@ def benchmark(
                 plain, plain_s, plain_phases = _profiled(lambda: target.generate(**inputs, **kwargs), target)
                 torch.manual_seed(seed + timed_index)
                 out, dflash_s, dflash_phases = _profiled(lambda: target.generate(
-                    **inputs, **kwargs, assistant_model=drafters[block], return_dict_in_generate=True),
+                    **inputs, **kwargs, **dflash_kwargs, assistant_model=drafters[block],
+                    return_dict_in_generate=True),
                     target, drafters[block])
                 plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
                 dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
@@ -352,6 +356,9 @@ def benchmark(
             "max_new_tokens": max_new_tokens, "temperature": temperature, "threads": threads, "warmup": warmup,
             "seed": seed, "batch_sizes": list(batch_sizes), "modes": list(modes), "block_sizes": block_sizes,
             "baselines": list(baselines), "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
+            "assistant_confidence_threshold": assistant_confidence_threshold
+            if assistant_confidence_threshold is not None
+            else drafter.config.dflash_config.get("assistant_confidence_threshold"),
             "num_prompts": {name: len(p) for name, p in prompt_sets.items()}, "target_dtype": str(target.dtype),
             "device": str(device),
         },

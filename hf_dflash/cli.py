@@ -16,9 +16,10 @@ from pathlib import Path
 
 from .packaged import SMOLLM2_ID
 
+# Written for the demo: none is in the shipped drafter's training data (GSM8K train, ShareGPT) or a benchmark set.
 DEMO_PROMPTS = [
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-    "How many clips did Natalia sell altogether in April and May?",
+    "A bakery sells muffins for 3 dollars each. On Monday it sold 24 muffins, and on Tuesday it sold twice as many. "
+    "How much money did the bakery make on the two days?",
     "Write a Python function that returns the n-th Fibonacci number.",
     "Give three tips for staying healthy.",
 ]
@@ -173,6 +174,7 @@ def bench_cmd(args) -> int:
         target, drafter, tokenizer, prompt_sets, block_sizes=args.block_sizes, batch_sizes=args.batch_sizes,
         modes=args.modes, temperature=args.temperature, max_new_tokens=args.max_new_tokens, baselines=args.baselines,
         threads=args.threads, warmup=args.warmup, seed=args.seed, drafter_note=note,
+        assistant_confidence_threshold=args.assistant_confidence_threshold,
     )
     results["target"], results["drafter"]["source"] = args.target, args.drafter or "untrained (random)"
     paths = write_outputs(results, args.output_dir, make_plot=not args.no_plot)
@@ -270,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.7, help="for the sampling mode")
     p.add_argument("--block-sizes", type=int, nargs="+", help="default: the drafter's own block size")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--assistant-confidence-threshold", type=float,
+                   help="DFlash steps verify no drafts below this first-draft probability (default: the drafter's)")
     p.add_argument("--baselines", nargs="*", choices=["plain", "prompt_lookup", "native", "reference"],
                    default=["plain", "prompt_lookup", "native", "reference"])
     p.add_argument("--threads", type=int, default=1, help="torch threads, pinned so timings compare")

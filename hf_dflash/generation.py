@@ -59,9 +59,12 @@ class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
 def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
     """`target.generate(inputs, **kwargs)` with DFlash drafts; works without the `assistant_model` hook.
 
-    Everything `generate` accepts is accepted, except beam search (`num_beams > 1`). `num_assistant_tokens` (as in
-    assisted generation: a `generate` argument, or set in the generation config) drafts fewer tokens per step than
-    the drafter's block holds, which pays where verifying a long block costs much more than a short one (CPUs).
+    Everything `generate` accepts is accepted, except beam search (`num_beams > 1`). Two settings of assisted
+    generation (a `generate` argument, or set in the generation config) shape the drafts, for hardware where verifying
+    a block costs much more than a one-token step (CPUs): `num_assistant_tokens` drafts fewer tokens per step than
+    the drafter's block holds; `assistant_confidence_threshold` makes a step verify no drafts when the drafter's
+    probability for its first draft is below it, in every row (default: the drafter config's
+    `dflash_config["assistant_confidence_threshold"]`, else 0, never skipping).
     """
     generation_config = kwargs.pop("generation_config", None)
     config = generation_config if generation_config is not None else target.generation_config
@@ -71,6 +74,8 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
     num_drafts = config.num_assistant_tokens if num_drafts is None else num_drafts
     if num_drafts is not None and (not isinstance(num_drafts, int) or num_drafts < 0):
         raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
+    threshold = kwargs.pop("assistant_confidence_threshold", None)
+    threshold = config.assistant_confidence_threshold if threshold is None else threshold
     # transformers drops `tokenizer` and `streamer` before a `custom_generate` callable runs: stop strings become a
     # stopping criterion here, and the streamer goes to the loop directly.
     tokenizer = kwargs.pop("tokenizer", None)
@@ -86,7 +91,8 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
         kwargs["stopping_criteria"] = criteria
     decode = functools.partial(
-        dflash_decode, drafter=drafter, num_assistant_tokens=num_drafts, streamer=kwargs.get("streamer")
+        dflash_decode, drafter=drafter, num_assistant_tokens=num_drafts, assistant_confidence_threshold=threshold,
+        streamer=kwargs.get("streamer"),
     )
     return original_generate(target, inputs, generation_config=generation_config, custom_generate=decode, **kwargs)
 
@@ -129,6 +135,7 @@ def dflash_decode(
     generation_config,
     drafter: DFlashDraftModel = None,
     num_assistant_tokens: int | None = None,
+    assistant_confidence_threshold: float | None = None,
     streamer=None,
     **model_kwargs,
 ):
@@ -136,7 +143,7 @@ def dflash_decode(
 
     Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
     longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
-    every committed position. `num_assistant_tokens` caps the drafts per step below the drafter's `block_size - 1`.
+    every committed position. `num_assistant_tokens` and `assistant_confidence_threshold`: see `generate`.
     """
     target = model
     attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
@@ -153,8 +160,8 @@ def dflash_decode(
         if getattr(generation_config, unsupported, False):
             logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
     state = _Decoder(
-        target, drafter, num_assistant_tokens, generation_config, logits_processor, stopping_criteria, streamer,
-        input_ids,
+        target, drafter, num_assistant_tokens, assistant_confidence_threshold, generation_config, logits_processor,
+        stopping_criteria, streamer, input_ids,
     )
 
     # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
@@ -189,12 +196,20 @@ class _Decoder:
     """State of one `dflash_decode` call. Rows are the batch rows still generating (`rows` maps them back)."""
 
     def __init__(
-        self, target, drafter, num_drafts, generation_config, logits_processor, stopping_criteria, streamer, input_ids
+        self, target, drafter, num_drafts, threshold, generation_config, logits_processor, stopping_criteria, streamer,
+        input_ids,
     ):
         check_compatible(target, drafter)
         self.target, self.drafter = target, drafter
         # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
         self.block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
+        if threshold is None:
+            threshold = drafter.config.dflash_config.get("assistant_confidence_threshold")
+        if threshold is not None and not 0 <= threshold <= 1:
+            raise ValueError(
+                f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip)."
+            )
+        self.threshold = float(threshold or 0.0)
         self.config = generation_config
         self.processors = logits_processor or []
         self.stopping_criteria = stopping_criteria
@@ -253,10 +268,16 @@ class _Decoder:
         verify_len = min(self.block_size, left)  # never draft past max_length
         if verify_len < 2:
             return newest[:, None]
-        drafts = self.drafter_propose(newest, verify_len)
+        drafts, confidence = self.drafter_propose(newest, verify_len)
+        # All or nothing: cutting the block at a later unsure draft saves little (verifying 2-3 tokens costs about
+        # as much as 4 on a CPU, the same on a GPU); a one-token step costs much less where a block is expensive.
+        if self.threshold and bool((confidence < self.threshold).all()):
+            return newest[:, None]
         return torch.cat([newest[:, None], drafts.to(newest.device)], dim=1)
 
-    def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> torch.LongTensor:
+    def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> tuple:
+        """Drafts [rows, verify_len - 1] and, with a confidence threshold, the drafter's probability for each row's
+        first draft [rows]."""
         drafter = self.drafter
         device = drafter.device
         context, context_valid, context_pos = (t.to(device) for t in self.context)
@@ -276,7 +297,10 @@ class _Decoder:
         self.draft_cache.crop(-verify_len)  # keep the context, drop the block
         self.draft_valid = torch.cat([self.draft_valid, context_valid], dim=1)
         self.draft_pos = torch.cat([self.draft_pos, context_pos], dim=1)
-        return drafter.draft_tokens(hidden[:, 1:], self.head, self.draft_head)
+        logits, token_ids = drafter.draft_logits(hidden[:, 1:], self.head, self.draft_head)
+        ids = logits.argmax(-1)
+        confidence = logits[:, 0].float().softmax(-1).amax(-1) if self.threshold else None
+        return (ids if token_ids is None else token_ids[ids]), confidence
 
     # --- verification -------------------------------------------------------------------------------------
     def verify(self, logits: torch.Tensor, block: torch.LongTensor):

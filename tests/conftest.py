@@ -90,7 +90,7 @@ class Oracle:
         self.calls = 0
 
     def __call__(self, decoder, newest, verify_len):
-        drafts = _REAL_PROPOSE(decoder, newest, verify_len)
+        drafts, confidence = _REAL_PROPOSE(decoder, newest, verify_len)
         self.calls += 1
         rows = []
         for r in decoder.rows.tolist():
@@ -108,7 +108,7 @@ class Oracle:
             if k is not None:
                 continuation[k:] = (continuation[k:] + 1) % MASK  # wrong from position k on
             rows.append(continuation)
-        return torch.stack(rows).to(drafts.device)
+        return torch.stack(rows).to(drafts.device), confidence
 
 
 _REAL_PROPOSE = _Decoder.drafter_propose

@@ -90,6 +90,52 @@ def test_num_assistant_tokens_shortens_the_block(where, oracle):
         target.generate(ids, max_new_tokens=3, assistant_model=drafter, num_assistant_tokens=-1)
 
 
+def test_confidence_threshold_skips_unsure_blocks(oracle):
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    ids, _ = left_padded(1, lengths=[5])
+    plain = target.generate(ids, do_sample=False, max_new_tokens=13)
+    oracle(correct_upto=None)  # right drafts, but the confidence is the random drafter's: far below 0.9
+    counter = ForwardCounter(target)
+    out = target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter,
+                          assistant_confidence_threshold=0.9)
+    assert torch.equal(out, plain)
+    assert counter.tokens == [5] + [1] * 12  # every step skipped its drafts: one-token target forwards
+    counter.tokens.clear()
+    drafter.config.dflash_config["assistant_confidence_threshold"] = 0.9  # the drafter's own default
+    assert torch.equal(target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter), plain)
+    assert counter.tokens == [5] + [1] * 12
+    counter.tokens.clear()
+    target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter, assistant_confidence_threshold=0)
+    assert counter.tokens == [5, 4, 4, 4]  # the argument wins over the drafter's default; 0 never skips
+    with pytest.raises(ValueError, match="assistant_confidence_threshold=1.5"):
+        target.generate(ids, max_new_tokens=3, assistant_model=drafter, assistant_confidence_threshold=1.5)
+
+
+@pytest.mark.parametrize("sure_rows", [0, 1])
+def test_confidence_threshold_skips_only_when_every_row_is_unsure(sure_rows, oracle, monkeypatch):
+    from hf_dflash.generation import _Decoder
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(3)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=9)
+    oracle(correct_upto=None)
+    propose = _Decoder.drafter_propose  # the oracle
+
+    def unsure(self, newest, verify_len):  # the first `sure_rows` rows of the batch are sure of their drafts
+        drafts, _ = propose(self, newest, verify_len)
+        return drafts, torch.tensor([0.9 if row < sure_rows else 0.1 for row in self.rows.tolist()])
+
+    monkeypatch.setattr(_Decoder, "drafter_propose", unsure)
+    counter = ForwardCounter(target)
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=9, assistant_model=drafter,
+                          assistant_confidence_threshold=0.5)
+    assert torch.equal(out, plain)
+    # tokens per row of each verification: one sure row keeps the whole batch on full blocks
+    assert counter.tokens[1:] == ([4, 4] if sure_rows else [1] * 8)
+
+
 def test_eos_inside_an_accepted_block(oracle):
     target = make_target("qwen3")
     drafter = make_drafter(target, block_size=8)
@@ -132,4 +178,4 @@ def test_draft_vocab_is_lossless_and_confines_drafts(monkeypatch):
     ids, mask = left_padded(3)
     plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
     assert torch.equal(plain, fast)
-    assert seen and all(torch.isin(drafts, allowed).all() for drafts in seen)
+    assert seen and all(torch.isin(drafts, allowed).all() for drafts, _ in seen)

@@ -49,7 +49,7 @@ def greedy_oracle(monkeypatch):
     multi-token acceptance is frequent. The real drafter still runs, to keep its cache bookkeeping in the loop."""
 
     def propose(decoder, newest, verify_len):
-        _REAL_PROPOSE(decoder, newest, verify_len)
+        _, confidence = _REAL_PROPOSE(decoder, newest, verify_len)
         lengths = decoder.lengths[decoder.rows]
         drafts = torch.empty(len(lengths), verify_len - 1, dtype=torch.long)
         for length in lengths.unique().tolist():
@@ -58,7 +58,7 @@ def greedy_oracle(monkeypatch):
             for _ in range(verify_len - 1):
                 ids = torch.cat([ids, decoder.target(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
             drafts[group] = ids[:, length:]
-        return drafts
+        return drafts, confidence
 
     monkeypatch.setattr(_Decoder, "drafter_propose", propose)
 

@@ -314,14 +314,20 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     def draft_tokens(self, hidden_states: torch.Tensor, output_head: nn.Module, head=None) -> torch.LongTensor:
         """Greedy drafts as target token ids: the argmax of the draft logits over `head = draft_head(output_head)`
         (its token ids), or over the whole `output_head` when `head` is None."""
+        logits, token_ids = self.draft_logits(hidden_states, output_head, head)
+        ids = logits.argmax(-1)
+        return ids if token_ids is None else token_ids[ids]
+
+    def draft_logits(self, hidden_states: torch.Tensor, output_head: nn.Module, head=None) -> tuple:
+        """`(logits, token_ids)`: the draft logits over `head = draft_head(output_head)`, whose column c scores
+        target token `token_ids[c]`, or over the whole `output_head` (`token_ids` None) when `head` is None."""
         if head is None:
-            return self.compute_logits(hidden_states, output_head).argmax(-1)
+            return self.compute_logits(hidden_states, output_head), None
         weight, bias, token_ids = head
         flat = hidden_states.reshape(-1, hidden_states.shape[-1]).to(device=weight.device, dtype=weight.dtype)
         # `W @ h^T` rather than `h @ W^T`: for a few rows, CPU BLAS runs this layout about 2x faster
         logits = (weight @ flat.T).T.reshape(*hidden_states.shape[:-1], weight.shape[0])
-        ids = self._scale_logits(logits if bias is None else logits + bias).argmax(-1)
-        return ids if token_ids is None else token_ids[ids]
+        return self._scale_logits(logits if bias is None else logits + bias), token_ids
 
     def compute_logits(self, hidden_states: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         """Draft logits through the target's output head, with the drafter's optional multiplier and soft cap."""
