@@ -94,7 +94,8 @@ EOF
 
 # 4. Measure it (bench_results.json / bench.md / bench.png) and render the card with the results. The README's
 #    numbers: these two runs side by side on the two cores, then the block-size comparison (the same weights
-#    drafting 2, 3, 5 and 7 tokens; 8 is the trained block), two runs side by side again.
+#    drafting 2, 3, 5 and 7 tokens; 8 is the trained block; every block verified), two runs side by side again,
+#    then the confidence-threshold comparison.
 SETS=(gsm8k mbpp alpaca humaneval mtbench)
 hf-dflash bench --drafter "$OUT" --sets "${SETS[@]}" --num-prompts 5 --max-new-tokens 64 --batch-sizes 1 \
     --modes greedy sampling --threads 1 --output-dir "$OUT" &
@@ -102,8 +103,19 @@ hf-dflash bench --drafter "$OUT" --sets "${SETS[@]}" --num-prompts 8 --max-new-t
     --modes greedy sampling --threads 1 --baselines plain --output-dir "$OUT/bench-batch4"
 wait
 hf-dflash bench --drafter "$OUT" --sets gsm8k --num-prompts 5 --max-new-tokens 64 --batch-sizes 1 --modes greedy \
-    --block-sizes 3 4 6 8 --baselines plain --threads 1 --output-dir "$RUNS/bench-blocks-gsm8k" &
+    --block-sizes 3 4 6 8 --assistant-confidence-threshold 0 --baselines plain --threads 1 \
+    --output-dir "$RUNS/bench-blocks-gsm8k" &
 hf-dflash bench --drafter "$OUT" --sets alpaca mbpp --num-prompts 3 --max-new-tokens 64 --batch-sizes 1 \
-    --modes greedy --block-sizes 3 4 6 8 --baselines plain --threads 1 --output-dir "$RUNS/bench-blocks-alpaca-mbpp"
+    --modes greedy --block-sizes 3 4 6 8 --assistant-confidence-threshold 0 --baselines plain --threads 1 \
+    --output-dir "$RUNS/bench-blocks-alpaca-mbpp"
 wait
+python examples/drafters/confidence_calibration.py --drafter "$OUT"  # first-draft probability vs acceptance
+for pair in "0.3 0.7" "0 0.5"; do  # the confidence-threshold comparison, two runs side by side at a time
+    for t in $pair; do
+        hf-dflash bench --drafter "$OUT" --sets gsm8k alpaca mbpp --num-prompts 5 --max-new-tokens 64 --batch-sizes 1 \
+            --modes greedy --threads 1 --baselines plain --assistant-confidence-threshold "$t" \
+            --output-dir "$RUNS/bench-threshold-$t" &
+    done
+    wait
+done
 hf-dflash card "$OUT" --results "$OUT/bench_results.json"
