@@ -66,7 +66,8 @@ def demo(args) -> int:
         drafter, trained = hf_dflash.DFlashDraftModel.from_target(target, 1, args.block_size, tokenizer=tokenizer), False
     drafter.eval()
     print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
-          f"| block size {drafter.block_size} | torch threads {args.threads}")
+          f"| block size {drafter.block_size} | confidence threshold "
+          f"{drafter.config.dflash_config.get('assistant_confidence_threshold') or 0} | torch threads {args.threads}")
     if not trained:
         print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
               "target's, but it accepts almost no drafts, so it is slower than plain generate. Train one with "
