@@ -8,7 +8,7 @@ import torch
 from hf_dflash.bench import benchmark, load_prompt_set, write_outputs
 from hf_dflash.data import Prompt
 
-from conftest import make_drafter, make_target, make_tokenizer
+from conftest import ForwardCounter, make_drafter, make_target, make_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,20 @@ def test_numbers_are_consistent(results):
             assert s["dflash_new_tokens"] == s["plain_new_tokens"]
         else:
             assert s["identical"] is None
+
+
+@pytest.mark.parametrize("threshold", [0.99, 0.0])
+def test_confidence_threshold_reaches_the_dflash_calls(setup, threshold):
+    target, drafter, tokenizer, prompts = setup
+    counter = ForwardCounter(target)
+    results = benchmark(target, drafter, tokenizer, {"toy": prompts[:2]}, max_new_tokens=8, baselines=["plain"],
+                        warmup=0, progress=False, assistant_confidence_threshold=threshold)
+    counter.remove()
+    assert results["settings"]["assistant_confidence_threshold"] == threshold
+    # a random drafter is never 99 % sure: then only the prefills (2 per prompt: plain and DFlash) read more than
+    # one token; with 0 the DFlash steps verify whole blocks too
+    multi_token = sum(n > 1 for n in counter.tokens)
+    assert multi_token == 4 if threshold else multi_token > 4
 
 
 def test_baselines_in_the_same_run(results):
