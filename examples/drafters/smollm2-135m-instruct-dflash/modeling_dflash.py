@@ -301,7 +301,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 
     def draft_head(self, output_head: nn.Module) -> tuple | None:
         """`(weight, bias, token_ids)`: the rows of the target's head that the drafter scores (the `draft_vocab`
-        rows, or all rows with `token_ids=None`), to gather once per generation and pass to `draft_tokens`.
+        rows, or all rows with `token_ids=None`), to gather once per generation and pass to `draft_logits`.
         None for a head that is not a plain `nn.Linear` (e.g. quantized): drafts then score it whole."""
         if type(output_head) is not nn.Linear:
             return None
