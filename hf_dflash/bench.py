@@ -325,6 +325,7 @@ def benchmark(
                     "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s, "phases": plain_phases},
                     "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s, "phases": dflash_phases},
                     "acceptance_lengths": out.acceptance_lengths,
+                    "draft_lengths": out.draft_lengths,
                     "histogram": _histogram(lengths, block),
                     "identical": plain_rows == dflash_rows if greedy else None,
                 }
@@ -377,6 +378,7 @@ def _summarise(set_name, batch_size, mode, block, records, active, skipped, gree
     plain_tokens = sum(r["plain"]["new_tokens"] for r in records)
     dflash_tokens = sum(r["dflash"]["new_tokens"] for r in records)
     lengths = [n for r in records for row in r["acceptance_lengths"] for n in row]
+    drafts = [n for r in records for row in r["draft_lengths"] for n in row]
     histogram = [0] * max(len(r["histogram"]) for r in records)
     for r in records:
         for k, c in enumerate(r["histogram"]):
@@ -399,6 +401,8 @@ def _summarise(set_name, batch_size, mode, block, records, active, skipped, gree
         "summary": {
             "tau": sum(lengths) / max(len(lengths), 1), "steps": len(lengths),
             "committed": sum(lengths), "histogram": histogram,
+            # steps that verified no drafts: skipped under the confidence threshold, or at max_length
+            "steps_without_drafts": sum(n == 0 for n in drafts),
             "plain_seconds": plain_s, "dflash_seconds": dflash_s,
             "plain_new_tokens": plain_tokens, "dflash_new_tokens": dflash_tokens,
             "tokens_per_s_plain": plain_tokens / plain_s, "tokens_per_s_dflash": dflash_tokens / dflash_s,

@@ -51,9 +51,11 @@ _POSITION_FREE = (
 class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus `acceptance_lengths`: for each row, the tokens committed by each target
     forward after the prefill (accepted drafts + the target's own token; cut at a stop). Its mean is the acceptance
-    length tau."""
+    length tau. `draft_lengths`: the drafts each of those forwards verified (0 where a step skipped its drafts under
+    `assistant_confidence_threshold`, or where `max_length` left room for one token only)."""
 
     acceptance_lengths: list[list[int]] | None = None
+    draft_lengths: list[list[int]] | None = None
 
 
 def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
@@ -182,7 +184,7 @@ def dflash_decode(
         mask = torch.cat([state.target_mask, torch.ones_like(block, dtype=torch.bool)], dim=1)
         out = state.target_forward(block, None if mask.all() else mask.long(), positions)
         tokens, kept, scores = state.verify(out.logits, block)  # kept: accepted drafts + the target's token
-        state.record(state.commit(tokens, kept, scores))
+        state.record(state.commit(tokens, kept, scores), verify_len - 1)
         keep = torch.arange(verify_len, device=block.device) < kept[:, None]  # [rows, V]: verified slots to keep
         state.target_mask = _keep_verified(state.cache, state.target_mask, keep)
         longest = int(kept.max())
@@ -225,6 +227,7 @@ class _Decoder:
         self.rows = torch.arange(batch, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.acceptance_lengths: list[list[int]] = [[] for _ in range(batch)]
+        self.draft_lengths: list[list[int]] = [[] for _ in range(batch)]
         self.keep_scores = generation_config.return_dict_in_generate and generation_config.output_scores
         self.keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]
@@ -382,9 +385,10 @@ class _Decoder:
         self._stream(committed)
         return committed
 
-    def record(self, committed: torch.LongTensor) -> None:
+    def record(self, committed: torch.LongTensor, num_drafts: int) -> None:
         for r, n in zip(self.rows.tolist(), committed.tolist()):
             self.acceptance_lengths[r].append(n)
+            self.draft_lengths[r].append(num_drafts)
 
     def _stopped(self, rows: torch.LongTensor, scores: torch.Tensor) -> torch.BoolTensor:
         """Stopping criteria for `rows` at their current lengths. Like the processors, the criteria see the whole
@@ -433,6 +437,7 @@ class _Decoder:
             scores=self._per_position(self.scores) if self.keep_scores else None,
             logits=self._per_position(self.raw_logits) if self.keep_logits else None,
             acceptance_lengths=self.acceptance_lengths,
+            draft_lengths=self.draft_lengths,
         )
 
     def _per_position(self, per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:

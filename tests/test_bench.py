@@ -63,6 +63,8 @@ def test_confidence_threshold_reaches_the_dflash_calls(setup, threshold):
                         warmup=0, progress=False, assistant_confidence_threshold=threshold)
     counter.remove()
     assert results["settings"]["assistant_confidence_threshold"] == threshold
+    summary = results["runs"][0]["summary"]
+    assert (summary["steps_without_drafts"] == summary["steps"]) == (threshold > 0)
     # a random drafter is never 99 % sure: then only the prefills (2 per prompt: plain and DFlash) read more than
     # one token; with 0 the DFlash steps verify whole blocks too
     multi_token = sum(n > 1 for n in counter.tokens)

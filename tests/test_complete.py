@@ -264,6 +264,9 @@ def test_acceptance_lengths(target, prompts, oracle):
         produced = int(hits[0]) + 1 if hits.numel() else NEW
         assert sum(lengths) == produced - 1  # everything after the prefill's token
         assert all(1 <= n <= 5 for n in lengths)
+        drafts = out.draft_lengths[row]  # 4 per step, fewer once max_length leaves the batch less room
+        assert len(drafts) == len(lengths) and all(n <= d + 1 for n, d in zip(lengths, drafts))
+        assert drafts[0] == 4 and all(a >= b for a, b in zip(drafts, drafts[1:]))
     assert max(max(lengths) for lengths in out.acceptance_lengths) > 1
 
 

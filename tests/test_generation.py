@@ -103,8 +103,11 @@ def test_confidence_threshold_skips_unsure_blocks(oracle):
     assert counter.tokens == [5] + [1] * 12  # every step skipped its drafts: one-token target forwards
     counter.tokens.clear()
     drafter.config.dflash_config["assistant_confidence_threshold"] = 0.9  # the drafter's own default
-    assert torch.equal(target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter), plain)
+    out = target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter,
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
     assert counter.tokens == [5] + [1] * 12
+    assert out.draft_lengths == [[0] * 12] and out.acceptance_lengths == [[1] * 12]
     counter.tokens.clear()
     target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter, assistant_confidence_threshold=0)
     assert counter.tokens == [5, 4, 4, 4]  # the argument wins over the drafter's default; 0 never skips
