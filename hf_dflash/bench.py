@@ -303,7 +303,6 @@ def benchmark(
             kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy)
             if not greedy:
                 kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-            dflash_kwargs = {"assistant_confidence_threshold": assistant_confidence_threshold}
 
             def measure(batch, timed_index):
                 texts = [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
@@ -314,8 +313,8 @@ def benchmark(
                 plain, plain_s, plain_phases = _profiled(lambda: target.generate(**inputs, **kwargs), target)
                 torch.manual_seed(seed + timed_index)
                 out, dflash_s, dflash_phases = _profiled(lambda: target.generate(
-                    **inputs, **kwargs, **dflash_kwargs, assistant_model=drafters[block],
-                    return_dict_in_generate=True),
+                    **inputs, **kwargs, assistant_confidence_threshold=assistant_confidence_threshold,
+                    assistant_model=drafters[block], return_dict_in_generate=True),
                     target, drafters[block])
                 plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
                 dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
@@ -357,9 +356,8 @@ def benchmark(
             "max_new_tokens": max_new_tokens, "temperature": temperature, "threads": threads, "warmup": warmup,
             "seed": seed, "batch_sizes": list(batch_sizes), "modes": list(modes), "block_sizes": block_sizes,
             "baselines": list(baselines), "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
-            "assistant_confidence_threshold": assistant_confidence_threshold
-            if assistant_confidence_threshold is not None
-            else drafter.config.dflash_config.get("assistant_confidence_threshold"),
+            "assistant_confidence_threshold": drafter.assistant_confidence_threshold
+            if assistant_confidence_threshold is None else assistant_confidence_threshold,
             "num_prompts": {name: len(p) for name, p in prompt_sets.items()}, "target_dtype": str(target.dtype),
             "device": str(device),
         },

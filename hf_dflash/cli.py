@@ -67,7 +67,7 @@ def demo(args) -> int:
     drafter.eval()
     print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
           f"| block size {drafter.block_size} | confidence threshold "
-          f"{drafter.config.dflash_config.get('assistant_confidence_threshold') or 0} | torch threads {args.threads}")
+          f"{drafter.assistant_confidence_threshold} | torch threads {args.threads}")
     if not trained:
         print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
               "target's, but it accepts almost no drafts, so it is slower than plain generate. Train one with "

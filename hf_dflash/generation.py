@@ -74,8 +74,6 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
         raise ValueError("DFlash speculative decoding does not support beam search: use num_beams=1.")
     num_drafts = kwargs.pop("num_assistant_tokens", None)
     num_drafts = config.num_assistant_tokens if num_drafts is None else num_drafts
-    if num_drafts is not None and (not isinstance(num_drafts, int) or num_drafts < 0):
-        raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
     threshold = kwargs.pop("assistant_confidence_threshold", None)
     threshold = config.assistant_confidence_threshold if threshold is None else threshold
     # transformers drops `tokenizer` and `streamer` before a `custom_generate` callable runs: stop strings become a
@@ -203,15 +201,15 @@ class _Decoder:
     ):
         check_compatible(target, drafter)
         self.target, self.drafter = target, drafter
+        if num_drafts is not None and (not isinstance(num_drafts, int) or num_drafts < 0):
+            raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
         # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
         self.block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
-        if threshold is None:
-            threshold = drafter.config.dflash_config.get("assistant_confidence_threshold")
-        if threshold is not None and not 0 <= threshold <= 1:
+        self.threshold = drafter.assistant_confidence_threshold if threshold is None else threshold
+        if not 0 <= self.threshold <= 1:
             raise ValueError(
-                f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip)."
+                f"assistant_confidence_threshold={self.threshold!r}: use a probability in [0, 1] (0: never skip)."
             )
-        self.threshold = float(threshold or 0.0)
         self.config = generation_config
         self.processors = logits_processor or []
         self.stopping_criteria = stopping_criteria
@@ -300,10 +298,10 @@ class _Decoder:
         self.draft_cache.crop(-verify_len)  # keep the context, drop the block
         self.draft_valid = torch.cat([self.draft_valid, context_valid], dim=1)
         self.draft_pos = torch.cat([self.draft_pos, context_pos], dim=1)
-        logits, token_ids = drafter.draft_logits(hidden[:, 1:], self.head, self.draft_head)
-        ids = logits.argmax(-1)
-        confidence = logits[:, 0].float().softmax(-1).amax(-1) if self.threshold else None
-        return (ids if token_ids is None else token_ids[ids]), confidence
+        if not self.threshold:
+            return drafter.draft_tokens(hidden[:, 1:], self.head, self.draft_head), None
+        drafts, confidence = drafter.draft_tokens(hidden[:, 1:], self.head, self.draft_head, return_confidence=True)
+        return drafts, confidence[:, 0]
 
     # --- verification -------------------------------------------------------------------------------------
     def verify(self, logits: torch.Tensor, block: torch.LongTensor):

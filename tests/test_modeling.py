@@ -279,6 +279,10 @@ def test_draft_vocab_restricts_drafts_and_round_trips(tmp_path):
     masked[..., allowed] = logits[..., allowed]
     assert torch.equal(drafts, masked.argmax(-1))
     assert torch.isin(drafts, allowed).all()
+    # the confidence is the drafter's probability for its draft within the draft vocabulary
+    same, confidence = drafter.draft_tokens(hidden, head, drafter.draft_head(head), return_confidence=True)
+    assert torch.equal(same, drafts)
+    torch.testing.assert_close(confidence, masked.float().softmax(-1).amax(-1))
 
     drafter.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["dflash_config"]["draft_vocab_size"] == len(allowed)

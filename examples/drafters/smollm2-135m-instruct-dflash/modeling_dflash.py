@@ -143,6 +143,11 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         return int(self.config.block_size)
 
     @property
+    def assistant_confidence_threshold(self) -> float:
+        """hf-dflash extension: the default below which a step verifies no drafts (0: always verify)."""
+        return float(self.config.dflash_config.get("assistant_confidence_threshold") or 0.0)
+
+    @property
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
@@ -301,7 +306,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 
     def draft_head(self, output_head: nn.Module) -> tuple | None:
         """`(weight, bias, token_ids)`: the rows of the target's head that the drafter scores (the `draft_vocab`
-        rows, or all rows with `token_ids=None`), to gather once per generation and pass to `draft_logits`.
+        rows, or all rows with `token_ids=None`), to gather once per generation and pass to `draft_tokens`.
         None for a head that is not a plain `nn.Linear` (e.g. quantized): drafts then score it whole."""
         if type(output_head) is not nn.Linear:
             return None
@@ -311,23 +316,23 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         rows = self.draft_vocab.to(weight.device)
         return weight[rows], None if bias is None else bias[rows], rows
 
-    def draft_tokens(self, hidden_states: torch.Tensor, output_head: nn.Module, head=None) -> torch.LongTensor:
+    def draft_tokens(self, hidden_states: torch.Tensor, output_head: nn.Module, head=None, return_confidence=False):
         """Greedy drafts as target token ids: the argmax of the draft logits over `head = draft_head(output_head)`
-        (its token ids), or over the whole `output_head` when `head` is None."""
-        logits, token_ids = self.draft_logits(hidden_states, output_head, head)
-        ids = logits.argmax(-1)
-        return ids if token_ids is None else token_ids[ids]
-
-    def draft_logits(self, hidden_states: torch.Tensor, output_head: nn.Module, head=None) -> tuple:
-        """`(logits, token_ids)`: the draft logits over `head = draft_head(output_head)`, whose column c scores
-        target token `token_ids[c]`, or over the whole `output_head` (`token_ids` None) when `head` is None."""
+        (its token ids), or over the whole `output_head` when `head` is None. With `return_confidence`, also the
+        drafter's probability for each draft (softmax over the same logits)."""
         if head is None:
-            return self.compute_logits(hidden_states, output_head), None
-        weight, bias, token_ids = head
-        flat = hidden_states.reshape(-1, hidden_states.shape[-1]).to(device=weight.device, dtype=weight.dtype)
-        # `W @ h^T` rather than `h @ W^T`: for a few rows, CPU BLAS runs this layout about 2x faster
-        logits = (weight @ flat.T).T.reshape(*hidden_states.shape[:-1], weight.shape[0])
-        return self._scale_logits(logits if bias is None else logits + bias), token_ids
+            logits, token_ids = self.compute_logits(hidden_states, output_head), None
+        else:
+            weight, bias, token_ids = head
+            flat = hidden_states.reshape(-1, hidden_states.shape[-1]).to(device=weight.device, dtype=weight.dtype)
+            # `W @ h^T` rather than `h @ W^T`: for a few rows, CPU BLAS runs this layout about 2x faster
+            logits = (weight @ flat.T).T.reshape(*hidden_states.shape[:-1], weight.shape[0])
+            logits = self._scale_logits(logits if bias is None else logits + bias)
+        ids = logits.argmax(-1)
+        ids = ids if token_ids is None else token_ids[ids]
+        if not return_confidence:
+            return ids
+        return ids, logits.float().softmax(-1).amax(-1)
 
     def compute_logits(self, hidden_states: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         """Draft logits through the target's output head, with the drafter's optional multiplier and soft cap."""
