@@ -112,6 +112,8 @@ def prepare_data_cmd(args) -> int:
         target, tokenizer, prompts, args.output, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
         do_sample=args.temperature > 0, temperature=args.temperature or 1.0, top_p=args.top_p,
         enable_thinking=args.enable_thinking, max_prompt_tokens=args.max_prompt_tokens,
+        save_features=args.save_features, target_layer_ids=args.target_layer_ids,
+        num_draft_layers=args.num_draft_layers, target_topk=args.target_topk,
     )
     print(json.dumps(dataclasses.asdict(stats), indent=2))
     return 0
@@ -190,42 +192,24 @@ def bench_cmd(args) -> int:
 
 def _add_training_args(parser) -> None:
     """One flag per TrainingConfig field, typed from the dataclass."""
-    from .training import TrainingConfig
+    from .training import FIELD_HELP, LOSSES, TrainingConfig
 
     hints = typing.get_type_hints(TrainingConfig)
     for f in dataclasses.fields(TrainingConfig):
         if f.name == "extra":
             continue
-        flag, kind, help_text = "--" + f.name.replace("_", "-"), hints[f.name], _FIELD_HELP.get(f.name)
+        flag, kind, help_text = "--" + f.name.replace("_", "-"), hints[f.name], FIELD_HELP[f.name]
         required = f.default is dataclasses.MISSING
         default = None if required else f.default
-        if kind is bool:
+        if kind in (bool, bool | None):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif f.name == "loss":
+            parser.add_argument(flag, choices=LOSSES, default=default, help=help_text)
         elif kind == list[int] | None:
             parser.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
         else:
             base = kind if kind in (int, float, str) else next(t for t in typing.get_args(kind) if t in (int, float, str))
             parser.add_argument(flag, type=base, default=default, required=required, help=help_text)
-
-
-_FIELD_HELP = {
-    "target": "target model: Hub id or local folder",
-    "data": "prepared JSONL (hf-dflash prepare-data)",
-    "output": "output folder for the drafter and checkpoints/",
-    "num_layers": "drafter decoder layers",
-    "block_size": "tokens per block (drafts block_size - 1 per step)",
-    "num_anchors": "blocks per sequence per step (recipe: 512; lower on CPU)",
-    "gamma": "slot weight decay exp(-(k-1)/gamma); default by block size",
-    "max_steps": "optimizer steps (overrides --epochs)",
-    "cache_features": "compute target features once and keep them in memory",
-    "resume": "continue from the newest checkpoint in OUTPUT/checkpoints",
-    "bf16": "bf16 autocast with fp32 master weights",
-    "eval_prompts": "prompts file for a real acceptance-length eval with generate",
-    "init_from": "start from another drafter's weights: drafter folder, Hub id, checkpoint folder or .safetensors",
-    "draft_vocab_size": "draft only the N most frequent response tokens (cheaper drafting; output unchanged)",
-}
-
-
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,15 +230,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True, help="JSONL/JSON/text file of prompts, or 'sharegpt' (packaged)")
     p.add_argument("--output", required=True, help="JSONL to write (appended to, resumable)")
     p.add_argument("--limit", type=int, help="use at most this many prompts")
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-new-tokens", type=int, default=512, help="longest response regenerated")
     p.add_argument("--max-prompt-tokens", type=int, default=1024, help="skip longer prompts")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="prompts generated together (grouped by length); 64 is fastest on a 2-core CPU in bf16")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy responses")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for temperature > 0")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None,
                    help="thinking mode for chat templates that have one (recorded in the data)")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="float32",
+                   help="dtype of the target: bfloat16 is 2x faster on CPUs with AVX512-BF16/AMX and on GPUs")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--save-features", metavar="DIR",
+                   help="also store the target's features of every sample, captured while generating "
+                        "(train with --features DIR: no target pass in training)")
+    p.add_argument("--target-layer-ids", type=int, nargs="+",
+                   help="target layers to store (default: the DFlash rule for --num-draft-layers)")
+    p.add_argument("--num-draft-layers", type=int, default=1,
+                   help="layers of the planned drafter, for the default --target-layer-ids")
+    p.add_argument("--target-topk", type=int, default=0,
+                   help="also store the target's top-K next-token probabilities (for train --loss lk); 0: none")
     p.set_defaults(func=prepare_data_cmd)
 
     p = sub.add_parser("train", help="train a drafter (also under `accelerate launch -m hf_dflash train`)")

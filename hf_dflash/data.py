@@ -10,6 +10,7 @@ Writing is incremental (a line per sample, flushed per batch) and resumable: a r
 and drops a line cut off by a kill.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -182,15 +183,45 @@ def prepare_data(
     top_p: float = 1.0,
     enable_thinking: bool | None = None,
     max_prompt_tokens: int = 1024,
+    save_features: str | os.PathLike | None = None,
+    target_layer_ids: list[int] | None = None,
+    num_draft_layers: int = 1,
+    target_topk: int = 0,
 ) -> PrepareStats:
     """Regenerate a response for each prompt with `target` and append samples to `output` (JSONL), resumably.
 
     Prompts are chat-templated as at serving time (`enable_thinking` is passed to templates that have a thinking
-    mode and recorded); prompts longer than `max_prompt_tokens` are skipped. Batches group similar lengths.
+    mode and recorded); prompts longer than `max_prompt_tokens` are skipped. Batches are formed from prompts of
+    similar length (sorted within windows of 8 batches), so little compute goes to padding.
+
+    `save_features`: a folder where the target's features of every sample are stored as the target computes them
+    while generating (no second target pass; see `hf_dflash.training.store`): the outputs of `target_layer_ids`
+    (default: the DFlash rule for a drafter of `num_draft_layers` layers) and, with `target_topk` K, the target's
+    top-K next-token probabilities at each response position (for `--loss lk`). Train with `--features FOLDER`.
     """
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     done = _done_ids(output)
+    store = capture = None
+    if save_features is not None:
+        from .modeling.configuration_dflash import default_target_layer_ids
+        from .training.store import FeatureCapture, FeatureStore, StoreMismatch
+
+        text = target.config.get_text_config()
+        layer_ids = target_layer_ids or default_target_layer_ids(text.num_hidden_layers, num_draft_layers)
+        store = FeatureStore.open_for_append(save_features, {
+            "target": getattr(target, "name_or_path", ""), "target_layer_ids": [int(i) for i in layer_ids],
+            "hidden_size": text.hidden_size, "dtype": "bfloat16", "target_topk": int(target_topk),
+        })
+        store.drop_after(done)  # written to the store but not to the JSONL before a kill: made again below
+        missing = done - set(store.entries)
+        if missing:
+            raise StoreMismatch(
+                f"{output} holds {len(missing)} samples without features in {save_features} (e.g. "
+                f"{sorted(missing)[0]!r}): they were regenerated without --save-features. Use a new --output file, "
+                "or compute their features in training (--cache-features)."
+            )
+        capture = FeatureCapture(target, store.target_layer_ids, store.target_topk)
     template_kwargs = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
     generation = {
         "do_sample": do_sample,
@@ -218,7 +249,7 @@ def prepare_data(
     eos_ids = _eos_ids(target, tokenizer)
     start = time.perf_counter()
     bar = tqdm(total=len(todo), desc="regenerating", unit="sample")
-    with open(output, "a", encoding="utf-8") as f:
+    with open(output, "a", encoding="utf-8") as f, _removing(capture):
         for i in range(0, len(todo), batch_size):
             batch = todo[i : i + batch_size]
             width = max(len(ids) for _, ids in batch)
@@ -227,10 +258,14 @@ def prepare_data(
             sampling = {"temperature": temperature, "top_p": top_p} if do_sample else {}
             out = target.generate(
                 input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                pad_token_id=pad_id, **sampling,
+                pad_token_id=pad_id, **sampling, **({} if capture is None else capture.generate_kwargs),
             )
-            for (prompt, ids), row in zip(batch, out[:, width:].tolist()):
-                response = _cut_at_eos(row, eos_ids, pad_id)
+            responses = [_cut_at_eos(row, eos_ids, pad_id) for row in out[:, width:].tolist()]
+            if capture is not None:  # the store first: a kill before the JSONL line only costs a redo of the batch
+                captured = capture.samples(width, [len(ids) for _, ids in batch], [len(r) for r in responses])
+                store.append([{"id": prompt.id, "input_ids": ids + response, **c}
+                              for (prompt, ids), response, c in zip(batch, responses, captured)])
+            for (prompt, ids), response in zip(batch, responses):
                 if not response:
                     stats.empty_responses += 1
                 record = {
@@ -254,6 +289,16 @@ def prepare_data(
     return stats
 
 
+@contextlib.contextmanager
+def _removing(capture):
+    """The feature hook never outlives prepare_data, even when a batch fails."""
+    try:
+        yield
+    finally:
+        if capture is not None:
+            capture.remove()
+
+
 def _eos_ids(target, tokenizer) -> set[int]:
     eos = target.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -272,9 +317,12 @@ def _cut_at_eos(tokens: list[int], eos_ids: set[int], pad_id: int) -> list[int]:
     return tokens
 
 
-def load_samples(path: str | os.PathLike, min_supervised_tokens: int = 0, max_length: int | None = None):
+def load_samples(path: str | os.PathLike, min_supervised_tokens: int = 0, max_length: int | None = None,
+                 checks: list | None = None):
     """Samples `(input_ids, loss_mask)` from a prepared JSONL file, truncated to `max_length`; samples with fewer
-    than `min_supervised_tokens` supervised tokens are dropped. Returns (samples, number dropped)."""
+    than `min_supervised_tokens` supervised tokens are dropped. Returns (samples, number dropped).
+
+    `checks`: a list that receives `(id, full input_ids)` of each kept sample, to match it with a feature store."""
     samples, dropped = [], 0
     for lineno, record in _jsonl(path):
         ids, mask = record.get("input_ids"), record.get("loss_mask")
@@ -283,12 +331,15 @@ def load_samples(path: str | os.PathLike, min_supervised_tokens: int = 0, max_le
                 f"{path}:{lineno}: not a prepared sample: expected input_ids and loss_mask lists of equal length, "
                 "as written by `hf-dflash prepare-data`."
             )
+        full = ids
         if max_length is not None:
             ids, mask = ids[:max_length], mask[:max_length]
         if sum(mask) < max(min_supervised_tokens, 2):
             dropped += 1
             continue
         samples.append((ids, mask))
+        if checks is not None:
+            checks.append((record.get("id"), full))
     return samples, dropped
 
 

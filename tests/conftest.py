@@ -154,6 +154,15 @@ def _hooks_installed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Each test's train() may pick its own mixed precision: accelerate's process-wide state would refuse a change."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def make_tokenizer(vocab_size: int = VOCAB):
     """An in-memory tokenizer for the tiny targets: one printable character per token id, `<pad>` = PAD, `<s>` = 1,
     `<mask>` = the last id. Decoding concatenates characters, so token boundaries never add text."""

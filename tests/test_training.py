@@ -199,14 +199,14 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def test_resume_after_kill_continues_the_same_run(tmp_path):
-    args = _cli_setup(tmp_path) + ["--batch-size", "2", "--max-steps", "40", "--save-steps", "10"]
+    args = _cli_setup(tmp_path) + ["--batch-size", "2", "--max-steps", "160", "--save-steps", "10"]
     train_cmd = [sys.executable, "-m", "hf_dflash", "train"]
     subprocess.run(train_cmd + args + ["--output", str(tmp_path / "straight")], check=True, env=ENV)
     killed = tmp_path / "killed"
     proc = subprocess.Popen(train_cmd + args + ["--output", str(killed)], env=ENV)
     deadline = time.time() + 120
     while not (killed / "checkpoints" / "checkpoint-20").exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "model.safetensors").exists()  # it really died mid-run
