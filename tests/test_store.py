@@ -104,6 +104,9 @@ def test_lazy_store_reading_equals_in_memory_features(setup, tmp_path):
         n = len(samples[s][0]) - 1  # the store lacks the last token's features, never used as context
         torch.testing.assert_close(a[i, :n], b[i, :n], atol=0, rtol=0.01)
     assert topk[0].shape == (3, 9, 4) and topk[1].shape == (3, 9, 4)
+    # a drafter reading a subset of the stored layers gets those columns
+    subset, _ = StoreFeatures(tmp_path / "store", checks, [2], target.config.hidden_size)([0, 5, 7], batch)
+    torch.testing.assert_close(subset, a[..., target.config.hidden_size :], atol=0, rtol=0)
 
 
 def test_store_that_does_not_fit_is_refused(setup, tmp_path):
@@ -112,7 +115,7 @@ def test_store_that_does_not_fit_is_refused(setup, tmp_path):
     checks = []
     load_samples(tmp_path / "data.jsonl", checks=checks)
     with pytest.raises(StoreMismatch, match="--target-layer-ids 0 2"):
-        StoreFeatures(tmp_path / "store", checks, [1, 3], target.config.hidden_size)
+        StoreFeatures(tmp_path / "store", checks, [1, 2], target.config.hidden_size)
     edited = [(i, ids[:-1] + [ids[-1] % 90 + 2]) if k == 0 else (i, ids) for k, (i, ids) in enumerate(checks)]
     with pytest.raises(StoreMismatch, match="other tokens"):
         StoreFeatures(tmp_path / "store", edited, LAYERS, target.config.hidden_size)

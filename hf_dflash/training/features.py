@@ -50,13 +50,19 @@ class StoreFeatures:
     def __init__(self, path, sample_ids: list[tuple[str, list[int]]], layer_ids: list[int], hidden_size: int):
         self.store = FeatureStore(path)
         meta = self.store.meta
-        if list(layer_ids) != list(meta["target_layer_ids"]) or hidden_size != meta["hidden_size"]:
+        stored = list(meta["target_layer_ids"])
+        if not set(layer_ids) <= set(stored) or hidden_size != meta["hidden_size"]:
             raise StoreMismatch(
-                f"{path} holds target layers {meta['target_layer_ids']} of hidden size {meta['hidden_size']}; this "
-                f"drafter reads layers {list(layer_ids)} of hidden size {hidden_size}. Train with "
-                f"--target-layer-ids {' '.join(map(str, meta['target_layer_ids']))} (the default with a store), or "
-                "write a store for these layers with prepare-data --save-features --target-layer-ids ..."
+                f"{path} holds target layers {stored} of hidden size {meta['hidden_size']}; this drafter reads "
+                f"layers {list(layer_ids)} of hidden size {hidden_size}. Train with --target-layer-ids "
+                f"{' '.join(map(str, stored))} (the default with a store) or a subset of them, or write a store for "
+                "these layers with prepare-data --save-features --target-layer-ids ..."
             )
+        # a drafter may read a subset of the stored layers (a store of 5 layers serves drafters of 1-5)
+        H = hidden_size
+        self.columns = None if list(layer_ids) == stored else torch.cat(
+            [torch.arange(stored.index(i) * H, (stored.index(i) + 1) * H) for i in layer_ids]
+        )
         for sample_id, ids in sample_ids:
             self.store.check(sample_id, ids)
         self.ids = [sample_id for sample_id, _ in sample_ids]
@@ -64,7 +70,10 @@ class StoreFeatures:
 
     def __call__(self, indices, batch):
         T = batch["input_ids"].shape[1]
-        return _padded([self.store.read(self.ids[i], rows=T) for i in indices], T)
+        rows = [self.store.read(self.ids[i], rows=T) for i in indices]
+        if self.columns is not None:
+            rows = [{**r, "features": r["features"][:, self.columns]} for r in rows]
+        return _padded(rows, T)
 
 
 def _padded(rows: list[dict], length: int):
