@@ -7,6 +7,9 @@ Batching: rows accept different numbers of draft tokens per step. The target's K
 left-padded: when rows keep different numbers of the verified slots, each row's rejected slots are moved to its
 left end and masked (`_keep_verified`), so any decoder-only model, sliding windows included, sees exactly the
 tokens it would see in plain `generate`. Finished rows leave the batch.
+
+Draft trees (`draft_tree_size`, `hf_dflash.tree`): a step can verify a tree of candidates instead of one chain; the
+loop is the same, with a tree attention mask, and the cache keeps each row's accepted path.
 """
 
 import copy
@@ -32,6 +35,7 @@ from transformers.utils import logging
 
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
+from .tree import DraftTree, build_tree, gather_path, tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
@@ -51,8 +55,9 @@ _POSITION_FREE = (
 class DFlashGenerateOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus `acceptance_lengths`: for each row, the tokens committed by each target
     forward after the prefill (accepted drafts + the target's own token; cut at a stop). Its mean is the acceptance
-    length tau. `draft_lengths`: the drafts each of those forwards verified (0 where a step skipped its drafts under
-    `assistant_confidence_threshold`, or where `max_length` left room for one token only)."""
+    length tau. `draft_lengths`: the drafts each of those forwards verified (the tree's nodes with
+    `draft_tree_size`; 0 where a step skipped its drafts under `assistant_confidence_threshold`, or where
+    `max_length` left room for one token only)."""
 
     acceptance_lengths: list[list[int]] | None = None
     draft_lengths: list[list[int]] | None = None
@@ -67,6 +72,10 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
     the drafter's block holds; `assistant_confidence_threshold` makes a step verify no drafts when the drafter's
     probability for its first draft is below it, in every row (default: the drafter config's
     `dflash_config["assistant_confidence_threshold"]`, else 0, never skipping).
+
+    `draft_tree_size=N` (an argument, a generation config attribute, else the drafter config's
+    `dflash_config["draft_tree_size"]`, else 0) verifies a tree of at most N drafts per step, built best-first from
+    the drafter's distributions (`hf_dflash.tree`); 0 verifies the chain of argmax drafts.
     """
     generation_config = kwargs.pop("generation_config", None)
     config = generation_config if generation_config is not None else target.generation_config
@@ -76,6 +85,8 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
     num_drafts = config.num_assistant_tokens if num_drafts is None else num_drafts
     threshold = kwargs.pop("assistant_confidence_threshold", None)
     threshold = config.assistant_confidence_threshold if threshold is None else threshold
+    tree_size = kwargs.pop("draft_tree_size", None)
+    tree_size = getattr(config, "draft_tree_size", None) if tree_size is None else tree_size
     # transformers drops `tokenizer` and `streamer` before a `custom_generate` callable runs: stop strings become a
     # stopping criterion here, and the streamer goes to the loop directly.
     tokenizer = kwargs.pop("tokenizer", None)
@@ -92,7 +103,7 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
         kwargs["stopping_criteria"] = criteria
     decode = functools.partial(
         dflash_decode, drafter=drafter, num_assistant_tokens=num_drafts, assistant_confidence_threshold=threshold,
-        streamer=kwargs.get("streamer"),
+        draft_tree_size=tree_size, streamer=kwargs.get("streamer"),
     )
     return original_generate(target, inputs, generation_config=generation_config, custom_generate=decode, **kwargs)
 
@@ -136,6 +147,7 @@ def dflash_decode(
     drafter: DFlashDraftModel = None,
     num_assistant_tokens: int | None = None,
     assistant_confidence_threshold: float | None = None,
+    draft_tree_size: int | str | None = None,
     streamer=None,
     **model_kwargs,
 ):
@@ -143,7 +155,8 @@ def dflash_decode(
 
     Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
     longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
-    every committed position. `num_assistant_tokens` and `assistant_confidence_threshold`: see `generate`.
+    every committed position. With `draft_tree_size`, a tree of drafts instead of a chain. `num_assistant_tokens`,
+    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`.
     """
     target = model
     attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
@@ -160,8 +173,8 @@ def dflash_decode(
         if getattr(generation_config, unsupported, False):
             logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
     state = _Decoder(
-        target, drafter, num_assistant_tokens, assistant_confidence_threshold, generation_config, logits_processor,
-        stopping_criteria, streamer, input_ids,
+        target, drafter, num_assistant_tokens, assistant_confidence_threshold, draft_tree_size, generation_config,
+        logits_processor, stopping_criteria, streamer, input_ids,
     )
 
     # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
@@ -169,24 +182,19 @@ def dflash_decode(
     out = state.target_forward(input_ids, attention_mask, position_ids, logits_to_keep=1)
     _check_cache(state.cache)  # the layer types exist once the prefill filled the cache
     state.context = (state.features(out), prompt_mask, position_ids)
-    tokens, kept, scores = state.verify(out.logits[:, -1:], input_ids[:, -1:])  # a block of one: no drafts
+    tokens, kept, scores, _ = state.verify(out.logits[:, -1:], DraftTree.chain(input_ids[:, -1:]))  # no drafts
     state.commit(tokens, kept, scores)
     state.target_mask = prompt_mask
     state.next_pos = prompt_mask.sum(-1)  # position of each row's newest token, not yet in the cache
     state.drop_finished()
 
     while state.rows.numel():
-        block = state.propose()  # [rows, V]: the newest token, then V - 1 drafts
-        verify_len = block.shape[1]
-        positions = state.next_pos[:, None] + torch.arange(verify_len, device=block.device)
-        mask = torch.cat([state.target_mask, torch.ones_like(block, dtype=torch.bool)], dim=1)
-        out = state.target_forward(block, None if mask.all() else mask.long(), positions)
-        tokens, kept, scores = state.verify(out.logits, block)  # kept: accepted drafts + the target's token
-        state.record(state.commit(tokens, kept, scores), verify_len - 1)
-        keep = torch.arange(verify_len, device=block.device) < kept[:, None]  # [rows, V]: verified slots to keep
-        state.target_mask = _keep_verified(state.cache, state.target_mask, keep)
-        longest = int(kept.max())
-        state.context = (state.features(out)[:, :longest], keep[:, :longest], positions[:, :longest])
+        tree = state.propose()  # [rows, T]: the newest token (the root), then its drafts: a chain or a tree
+        positions = state.next_pos[:, None] + tree.depths
+        out = state.target_forward(tree.tokens, state.verify_mask(tree), positions)
+        tokens, kept, scores, path = state.verify(out.logits, tree)  # kept: accepted drafts + the target's token
+        state.record(state.commit(tokens, kept, scores), tree.num_drafts)
+        state.keep_path(state.features(out), path, kept)
         state.next_pos = state.next_pos + kept
         state.drop_finished()
     return state.result()
@@ -196,8 +204,8 @@ class _Decoder:
     """State of one `dflash_decode` call. Rows are the batch rows still generating (`rows` maps them back)."""
 
     def __init__(
-        self, target, drafter, num_drafts, threshold, generation_config, logits_processor, stopping_criteria, streamer,
-        input_ids,
+        self, target, drafter, num_drafts, threshold, tree_size, generation_config, logits_processor,
+        stopping_criteria, streamer, input_ids,
     ):
         check_compatible(target, drafter)
         self.target, self.drafter = target, drafter
@@ -205,6 +213,9 @@ class _Decoder:
             raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
         # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
         self.block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
+        tree_size = drafter.draft_tree_size if tree_size is None else tree_size
+        if not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0:
+            raise ValueError(f"draft_tree_size={tree_size!r}: use a whole number of draft nodes >= 0.")
         self.threshold = drafter.assistant_confidence_threshold if threshold is None else threshold
         if not 0 <= self.threshold <= 1:
             raise ValueError(
@@ -238,6 +249,11 @@ class _Decoder:
         self.draft_pos = torch.zeros(batch, 0, dtype=torch.long, device=drafter.device)
         self.head = target.get_output_embeddings()
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
+        self.tree_size = 0
+        if tree_size and _tree_supported(target):
+            self.tree_size = tree_size
+            draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].shape[0]
+            self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
 
     # --- target -------------------------------------------------------------------------------------------
     def target_forward(self, input_ids, attention_mask, position_ids, **kwargs):
@@ -262,23 +278,48 @@ class _Decoder:
         return torch.cat([out.hidden_states[i + 1] for i in self.drafter.config.target_layer_ids], dim=-1)
 
     # --- drafting -----------------------------------------------------------------------------------------
-    def propose(self) -> torch.LongTensor:
-        """The block to verify: each row's newest token, then drafts for the positions after it."""
+    def propose(self) -> DraftTree:
+        """What to verify: each row's newest token, then drafts for the positions after it (a chain, or a tree)."""
         newest = self.sequences[self.rows, self.lengths[self.rows] - 1]
         left = int((self.config.max_length - self.lengths[self.rows]).max())
-        verify_len = min(self.block_size, left)  # never draft past max_length
+        verify_len = min(self.block_size, left)  # never draft past max_length (a tree: never deeper)
+        no_drafts = DraftTree.chain(newest[:, None])
         if verify_len < 2:
-            return newest[:, None]
+            return no_drafts
+        if self.tree_size:
+            return self.propose_tree(newest, verify_len) or no_drafts
         drafts, confidence = self.drafter_propose(newest, verify_len)
         # All or nothing: cutting the block at a later unsure draft saves little (verifying 2-3 tokens costs about
         # as much as 4 on a CPU, the same on a GPU); a one-token step costs much less where a block is expensive.
         if self.threshold and bool((confidence < self.threshold).all()):
-            return newest[:, None]
-        return torch.cat([newest[:, None], drafts.to(newest.device)], dim=1)
+            return no_drafts
+        return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1))
+
+    def propose_tree(self, newest: torch.LongTensor, verify_len: int) -> DraftTree | None:
+        """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold)."""
+        ids, probs = self.drafter_candidates(newest, verify_len, self.top_k)
+        if self.threshold and bool((probs[:, 0, 0] < self.threshold).all()):
+            return None
+        return build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
 
     def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> tuple:
         """Drafts [rows, verify_len - 1] and, with a confidence threshold, the drafter's probability for each row's
         first draft [rows]."""
+        hidden = self.drafter_hidden(newest, verify_len)
+        if not self.threshold:
+            return self.drafter.draft_tokens(hidden, self.head, self.draft_head), None
+        drafts, confidence = self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True)
+        return drafts, confidence[:, 0]
+
+    def drafter_candidates(self, newest: torch.LongTensor, verify_len: int, k: int) -> tuple:
+        """The drafter's k most likely tokens for each draft position and their probabilities, most likely first:
+        ids and probs [rows, verify_len - 1, k]."""
+        hidden = self.drafter_hidden(newest, verify_len)
+        return self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True, top_k=k)
+
+    def drafter_hidden(self, newest: torch.LongTensor, verify_len: int) -> torch.Tensor:
+        """One drafter forward over [newest, mask...]: the hidden states of the draft positions [rows, verify_len - 1,
+        hidden]. The drafter's cache keeps the new context, not the block."""
         drafter = self.drafter
         device = drafter.device
         context, context_valid, context_pos = (t.to(device) for t in self.context)
@@ -298,35 +339,68 @@ class _Decoder:
         self.draft_cache.crop(-verify_len)  # keep the context, drop the block
         self.draft_valid = torch.cat([self.draft_valid, context_valid], dim=1)
         self.draft_pos = torch.cat([self.draft_pos, context_pos], dim=1)
-        if not self.threshold:
-            return drafter.draft_tokens(hidden[:, 1:], self.head, self.draft_head), None
-        drafts, confidence = drafter.draft_tokens(hidden[:, 1:], self.head, self.draft_head, return_confidence=True)
-        return drafts, confidence[:, 0]
+        return hidden[:, 1:]
 
     # --- verification -------------------------------------------------------------------------------------
-    def verify(self, logits: torch.Tensor, block: torch.LongTensor):
-        """The target's token after each block position, position by position, only as far as each row's drafts
-        match: later positions are never committed, so their processors and sampling would be wasted (top-p sorts
-        the whole vocabulary). Returns tokens [rows, V], kept [rows] and the processed scores [rows, V, vocab]
-        (filled where computed)."""
-        rows, length, vocab = logits.shape
-        if self.keep_logits:
-            self._raw = logits.float()
-        tokens = block.new_zeros(rows, length)
+    def verify_mask(self, tree: DraftTree):
+        """The target's attention mask for verifying `tree`: a 2-D padding mask for a chain (None without padding),
+        a tree attention mask otherwise."""
+        if not tree.is_chain:
+            return tree_attention_mask(tree, self.target_mask, self.cache, self.target.dtype)
+        mask = torch.cat([self.target_mask, torch.ones_like(tree.tokens, dtype=torch.bool)], dim=1)
+        return None if mask.all() else mask.long()
+
+    def verify(self, logits: torch.Tensor, tree: DraftTree):
+        """Walk down each row's tree from the root: the target's token after the current node (its processors see
+        the committed tokens plus the path so far), then on to the child that drafted that token, or stop. Only as
+        far as each row's drafts match: later positions are never committed, so their processors and sampling would
+        be wasted (top-p sorts the whole vocabulary). The tree is fixed before the target chooses, so each token is
+        the target's own choice given the path: exact for greedy and sampling alike.
+
+        `logits` [rows, T, vocab], one per tree slot. Returns tokens [rows, L], kept [rows], the processed scores
+        [rows, L, vocab] (filled where computed) and path [rows, L]: the slot whose logits gave each token (the
+        root, then the accepted nodes); L = the tree's depth + 1."""
+        rows, _, vocab = logits.shape
+        length = int(tree.depths.max()) + 1
+        tokens = tree.tokens.new_zeros(rows, length)
+        path = tree.tokens.new_zeros(rows, length)
         scores = logits.new_empty(rows, length, vocab, dtype=torch.float32)
-        kept = torch.zeros(rows, dtype=torch.long, device=block.device)
-        live = torch.arange(rows, device=block.device)  # rows whose drafts matched before position j
+        if self.keep_logits:
+            self._raw = logits.new_empty(rows, length, vocab, dtype=torch.float32)
+        kept = torch.zeros(rows, dtype=torch.long, device=logits.device)
+        live = torch.arange(rows, device=logits.device)  # rows whose drafts matched before position j
         committed = self.lengths[self.rows]
         for j in range(length):
             live = live[committed[live] + j < self.config.max_length]  # never committed past max_length
             if live.numel() == 0:
                 break
-            scores[live, j] = self.process(logits[live, j], block[live, 1 : j + 1], live)
+            slot = path[live, j]
+            step = logits[live, slot]  # [live, vocab]
+            if self.keep_logits:
+                self._raw[live, j] = step.float()
+            scores[live, j] = self.process(step, tokens[live, :j], live)
             tokens[live, j] = self.choose(scores[live, j])
             kept[live] += 1
             if j + 1 < length:
-                live = live[tokens[live, j] == block[live, j + 1]]
-        return tokens, kept, scores
+                # [live, T]: the current node's child holding the chosen token (siblings hold distinct tokens)
+                child = (tree.parents[live] == slot[:, None]) & (tree.tokens[live] == tokens[live, j, None])
+                found = child.any(-1)
+                live = live[found]
+                path[live, j + 1] = child[found].long().argmax(-1)
+        return tokens, kept, scores, path
+
+    def keep_path(self, features: torch.Tensor, path: torch.LongTensor, kept: torch.LongTensor) -> None:
+        """After a verification: the target cache keeps each row's accepted path (the first `kept` slots of `path`)
+        and drops the rest; the path's features [rows, longest, F] become the drafter's next context."""
+        block_len = features.shape[1]
+        longest = int(kept.max())
+        path = path[:, :longest]
+        gather_path(self.cache, path, block_len)  # the path's slots to the front of the block, in path order
+        keep = torch.arange(block_len, device=kept.device) < kept[:, None]  # [rows, T]: verified slots to keep
+        self.target_mask = _keep_verified(self.cache, self.target_mask, keep)
+        positions = self.next_pos[:, None] + torch.arange(longest, device=kept.device)
+        features = features.gather(1, path[..., None].to(features.device).expand(-1, -1, features.shape[-1]))
+        self.context = (features, keep[:, :longest], positions)
 
     def process(self, logits: torch.Tensor, drafts: torch.LongTensor, live: torch.LongTensor) -> torch.Tensor:
         """Logits processors for one block position of the rows `live`: row i sees its committed tokens plus
@@ -458,6 +532,18 @@ def _drafter_masks(config, key_valid, key_pos, query_pos) -> dict | None:
         distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
         masks["sliding_attention"] = visible & (distance >= 0) & (distance < config.sliding_window)
     return masks
+
+
+def _tree_supported(target) -> bool:
+    """Whether the target can verify a tree: its attention must take an explicit 4-D mask (eager, sdpa)."""
+    implementation = target.config.get_text_config()._attn_implementation
+    if implementation in ("eager", "sdpa"):
+        return True
+    logger.warning_once(
+        f"draft_tree_size needs eager or sdpa attention (an explicit tree mask); {implementation} attention gets "
+        "a chain of drafts instead."
+    )
+    return False
 
 
 def _check_cache(cache) -> None:

@@ -164,9 +164,9 @@ def test_biased_acceptance_is_detected(target, drafter, greedy_oracle, monkeypat
     p(draft) and otherwise sampling p again (instead of the residual) over-weights the drafts; the G-test sees it."""
     real_verify, real_process = _Decoder.verify, _Decoder.process
 
-    def verify(self, logits, block):
-        self._block = block
-        return real_verify(self, logits, block)
+    def verify(self, logits, tree):
+        self._block = tree.tokens  # a chain: the newest token, then the drafts
+        return real_verify(self, logits, tree)
 
     def process(self, logits, drafts, live):
         self._position, self._live = drafts.shape[1], live

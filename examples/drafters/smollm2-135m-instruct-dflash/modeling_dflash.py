@@ -148,6 +148,12 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         return float(self.config.dflash_config.get("assistant_confidence_threshold") or 0.0)
 
     @property
+    def draft_tree_size(self) -> int:
+        """hf-dflash extension: the default number of draft nodes a step verifies as a tree (0: a chain of argmax
+        drafts)."""
+        return int(self.config.dflash_config.get("draft_tree_size") or 0)
+
+    @property
     def mask_token_id(self) -> int:
         return self.config.mask_token_id
 
@@ -316,10 +322,13 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         rows = self.draft_vocab.to(weight.device)
         return weight[rows], None if bias is None else bias[rows], rows
 
-    def draft_tokens(self, hidden_states: torch.Tensor, output_head: nn.Module, head=None, return_confidence=False):
+    def draft_tokens(
+        self, hidden_states: torch.Tensor, output_head: nn.Module, head=None, return_confidence=False, top_k=None
+    ):
         """Greedy drafts as target token ids: the argmax of the draft logits over `head = draft_head(output_head)`
         (its token ids), or over the whole `output_head` when `head` is None. With `return_confidence`, also the
-        drafter's probability for each draft (softmax over the same logits)."""
+        drafter's probability for each draft (softmax over the same logits). With `top_k`, the k most likely
+        tokens per position instead, most likely first (a last dimension of size k, for draft trees)."""
         if head is None:
             logits, token_ids = self.compute_logits(hidden_states, output_head), None
         else:
@@ -328,6 +337,10 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             # `W @ h^T` rather than `h @ W^T`: for a few rows, CPU BLAS runs this layout about 2x faster
             logits = (weight @ flat.T).T.reshape(*hidden_states.shape[:-1], weight.shape[0])
             logits = self._scale_logits(logits if bias is None else logits + bias)
+        if top_k is not None:
+            confidence, ids = logits.float().softmax(-1).topk(top_k, dim=-1)
+            ids = ids if token_ids is None else token_ids[ids]
+            return (ids, confidence) if return_confidence else ids
         ids = logits.argmax(-1)
         ids = ids if token_ids is None else token_ids[ids]
         if not return_confidence:

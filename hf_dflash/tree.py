@@ -1,0 +1,149 @@
+"""Draft trees (DDTree, arXiv 2604.12989): many candidate continuations verified in one target forward.
+
+One drafter forward gives a distribution over the draft vocabulary at every block position. A node at depth d is a
+token for block position d; its score, the product of the drafter's probabilities along its path, is the
+probability that the target accepts the node if the drafter is calibrated. `build_tree` keeps the `budget` best
+nodes, best first. The target verifies all of them in one forward where each node sees the cache and its own
+ancestors only (`tree_attention_mask`, positions = the next position + depth), the loop walks down the tree
+following the target's own choices (`_Decoder.verify`), and the cache keeps the accepted path only
+(`gather_path`, then `_keep_verified` as for a chain).
+
+A chain of drafts is the tree where every node has one child: `DraftTree.chain`.
+"""
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicSlidingWindowLayer
+
+
+@dataclass
+class DraftTree:
+    """The tokens one target forward verifies. Per row, slot 0 is the root (the newest committed token, not yet in
+    the cache) and slots 1..N the draft nodes in best-first order: a parent comes before its children, so the first
+    n slots are a tree too. Every row has the same number of nodes."""
+
+    tokens: torch.LongTensor  # [rows, 1 + N] target token ids
+    parents: torch.LongTensor  # [rows, 1 + N] the parent's slot; -1 for the root
+    depths: torch.LongTensor  # [rows, 1 + N] 0 for the root; a node at depth d drafts block position d
+    scores: torch.Tensor | None = None  # [rows, N] path probabilities (non-increasing per row); None for a chain
+    is_chain: bool = False  # every node the only child of the one before: the target's causal mask does
+
+    @classmethod
+    def chain(cls, block: torch.LongTensor) -> "DraftTree":
+        """`block` [rows, V]: the newest token, then V - 1 drafts, each the child of the one before."""
+        slots = torch.arange(block.shape[1], device=block.device).expand_as(block)
+        return cls(block, slots - 1, slots, is_chain=True)
+
+    @property
+    def num_drafts(self) -> int:
+        return self.tokens.shape[1] - 1
+
+    def first(self, num_drafts: int) -> "DraftTree":
+        """The tree of the `num_drafts` best nodes (a prefix of the slots, parents first)."""
+        end = num_drafts + 1
+        scores = None if self.scores is None else self.scores[:, :num_drafts]
+        return DraftTree(self.tokens[:, :end], self.parents[:, :end], self.depths[:, :end], scores, self.is_chain)
+
+
+def build_tree(
+    root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tensor, budget: int
+) -> DraftTree:
+    """The best-first tree of at most `budget` draft nodes under each row's `root` token.
+
+    `ids`, `probs` [rows, D, k]: the drafter's k most likely tokens for block positions 1..D and their probabilities,
+    most likely first. Every node at depth d has the same k candidate children (the drafter's distribution at
+    position d + 1 does not depend on the path), so from a node the next best candidates are its first child and its
+    next sibling: a heap over those yields the nodes in non-increasing score order. The chain of argmaxes is the
+    best path, so a tree holds the chain's first nodes.
+    """
+    rows, depth, k = ids.shape
+    p = probs.double().tolist()
+    size = min(budget, sum(k**d for d in range(1, depth + 1)))  # the same for every row
+    picks = []  # per row: (position index d - 1, rank, parent slot, score) of each node in slot order
+    for r in range(rows):
+        nodes, scores = [], [1.0]  # scores[slot]; the root is slot 0
+        heap = [(-p[r][0][0], 0, 0, 0)]  # (-score, position index, rank, parent slot)
+        while len(nodes) < size:
+            negative, d, rank, parent = heapq.heappop(heap)
+            nodes.append((d, rank, parent))
+            scores.append(-negative)
+            if rank + 1 < k:  # next sibling
+                heapq.heappush(heap, (-scores[parent] * p[r][d][rank + 1], d, rank + 1, parent))
+            if d + 1 < depth:  # first child
+                heapq.heappush(heap, (negative * p[r][d + 1][0], d + 1, 0, len(nodes)))
+        picks.append((nodes, scores[1:]))
+    device = ids.device
+    position = torch.tensor([[d for d, _, _ in nodes] for nodes, _ in picks], dtype=torch.long, device=device)
+    rank = torch.tensor([[r for _, r, _ in nodes] for nodes, _ in picks], dtype=torch.long, device=device)
+    parent = torch.tensor([[q for _, _, q in nodes] for nodes, _ in picks], dtype=torch.long, device=device)
+    position, rank, parent = (t.view(rows, size) for t in (position, rank, parent))  # also for size == 0
+    tokens = ids[torch.arange(rows, device=device)[:, None], position, rank]  # [rows, size]
+    root = root.to(device)
+    return DraftTree(
+        tokens=torch.cat([root[:, None], tokens], dim=1),
+        parents=torch.cat([parent.new_full((rows, 1), -1), parent], dim=1),
+        depths=torch.cat([position.new_zeros(rows, 1), position + 1], dim=1),
+        scores=torch.tensor([s for _, s in picks], dtype=torch.float64, device=device).view(rows, size),
+    )
+
+
+def ancestors(tree: DraftTree) -> torch.BoolTensor:
+    """[rows, T, T]: slot j is slot i itself or one of its ancestors."""
+    rows, length = tree.parents.shape
+    seen = torch.eye(length, dtype=torch.bool, device=tree.parents.device).repeat(rows, 1, 1)
+    index = torch.arange(rows, device=tree.parents.device)
+    for slot in range(1, length):  # parents come first: their rows are complete
+        seen[:, slot] |= seen[index, tree.parents[:, slot]]
+    return seen
+
+
+def tree_attention_mask(tree: DraftTree, valid: torch.BoolTensor, cache, dtype: torch.dtype):
+    """The target's attention mask for verifying `tree`: each node sees the valid cache slots and its ancestors.
+
+    Additive 4-D masks `[rows, 1, T, keys]` (transformers uses a 4-D mask as given, and eager attention adds it).
+    `valid` [rows, S] marks the real cache slots; they are left-padded, so slot j of a row sits at position
+    `next_pos - S + j` and a node at depth d at `next_pos + d`. Sliding-window layers return only their window of
+    the old slots plus the block, and see a key only within the window, counted in positions: they get their own
+    mask, and a target with both kinds of layers gets `{"full_attention": ..., "sliding_attention": ...}`, the
+    per-layer-type mapping transformers' hybrid models accept.
+    """
+    family = ancestors(tree)  # [rows, T, T]
+    rows, length = tree.tokens.shape
+    slots = valid.shape[1]
+    masks = {}
+    for layer in cache.layers:
+        sliding = isinstance(layer, DynamicSlidingWindowLayer)
+        kind = "sliding_attention" if sliding else "full_attention"
+        if kind in masks:
+            continue
+        if not sliding:
+            visible = torch.cat([valid[:, None, :].expand(rows, length, slots), family], dim=-1)
+        else:
+            window = layer.sliding_window
+            stored = min(layer.keys.shape[-2], window - 1)  # what `update` returns of the old slots
+            old = torch.arange(slots - stored, slots, device=valid.device)
+            distance = (slots + tree.depths)[:, :, None] - old  # [rows, T, stored]
+            seen_old = valid[:, None, slots - stored :] & (distance < window)
+            seen_block = family & (tree.depths[:, :, None] - tree.depths[:, None, :] < window)
+            visible = torch.cat([seen_old, seen_block], dim=-1)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+        masks[kind] = mask.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+def gather_path(cache, path: torch.LongTensor, block_len: int) -> None:
+    """Move each row's path slots `path` [rows, L] (slots of the last `block_len` cache entries, root first) to the
+    front of that block, in path order, in every cache layer. Entries of `path` past a row's accepted length are
+    ignored by the caller (`_keep_verified` drops them), so any slot may fill them."""
+    rows, length = path.shape
+    if torch.equal(path, torch.arange(length, device=path.device).expand(rows, -1)):
+        return  # already in place (a chain, or a tree whose accepted path is its first slots)
+    for layer in cache.layers:
+        start = layer.keys.shape[-2] - block_len
+        index = (start + path.to(layer.keys.device))[:, None, :, None]
+        for name in ("keys", "values"):
+            states = getattr(layer, name)  # [rows, heads, slots, head_dim]
+            moved = states.gather(2, index.expand(-1, states.shape[1], -1, states.shape[-1]))
+            states[:, :, start : start + length] = moved
