@@ -132,6 +132,14 @@ def _new_tokens(sequences: torch.Tensor, prompt_len: int, stop_ids: list[int], m
     return rows
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token lists differ (None: equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def _timed(fn):
     start = time.perf_counter()
     out = fn()
@@ -327,6 +335,11 @@ def benchmark(
                     "draft_lengths": out.draft_lengths,
                     "histogram": _histogram(lengths, block),
                     "identical": plain_rows == dflash_rows if greedy else None,
+                    # per row: the first generated position where DFlash differs from plain (None: identical). In
+                    # bfloat16 a forward over k tokens may round differently from k one-token forwards: a near-tie
+                    # can then flip, as on GPUs; in float32 / float64 any difference is a bug.
+                    "first_difference": [first_difference(a, b) for a, b in zip(plain_rows, dflash_rows)]
+                    if greedy else None,
                 }
                 for name in active:
                     if name == "prompt_lookup":
@@ -406,6 +419,10 @@ def _summarise(set_name, batch_size, mode, block, records, active, skipped, gree
             "tokens_per_s_plain": plain_tokens / plain_s, "tokens_per_s_dflash": dflash_tokens / dflash_s,
             "speedup": plain_s / dflash_s,
             "identical": all(r["identical"] for r in records) if greedy else None,
+            "identical_rows": sum(d is None for r in records for d in r["first_difference"]) if greedy else None,
+            "rows": sum(len(r["prompt_ids"]) for r in records),
+            "first_differences": sorted(d for r in records for d in r["first_difference"] if d is not None)
+            if greedy else None,
         },
         "baselines": baselines,
     }
@@ -427,7 +444,9 @@ def to_markdown(results: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in results["runs"]:
         s = run["summary"]
-        identical = "-" if s["identical"] is None else ("yes" if s["identical"] else "NO")
+        identical = "-" if s["identical"] is None else ("yes" if s["identical"] else
+                                                        f"{s['identical_rows']}/{s['rows']} (first diff at "
+                                                        f"{', '.join(map(str, s['first_differences']))})")
         cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], f"{s['tau']:.2f}",
                  f"{s['tokens_per_s_plain']:.1f}", f"{s['tokens_per_s_dflash']:.1f}", f"{s['speedup']:.2f}x", identical]
         for n in names:

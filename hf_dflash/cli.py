@@ -34,13 +34,13 @@ SHIPPED_DRAFTER = next(
 
 
 def _load_target(name: str, dtype: str = "float32"):
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .devices import resolve_dtype
     from .packaged import resolve_model_path
 
     path = resolve_model_path(name)
-    target = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype)).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -53,11 +53,12 @@ def demo(args) -> int:
 
     import hf_dflash
 
-    from .bench import chat_inputs
+    from .bench import chat_inputs, first_difference
 
     torch.set_num_threads(args.threads)
-    target, tokenizer = _load_target(args.target)
-    if args.drafter:  # shipped in bf16 to stay small; computed in the target's dtype (CPUs are slow in bf16)
+    target, tokenizer = _load_target(args.target, args.dtype)
+    exact = target.dtype in (torch.float32, torch.float64)
+    if args.drafter:  # computed in the target's dtype
         drafter, trained = AutoModel.from_pretrained(args.drafter, dtype=target.dtype), True
     elif SHIPPED_DRAFTER is not None and args.target == SMOLLM2_ID:
         drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER), dtype=target.dtype), True
@@ -67,7 +68,8 @@ def demo(args) -> int:
     drafter.eval()
     print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
           f"| block size {drafter.block_size} | confidence threshold "
-          f"{drafter.assistant_confidence_threshold} | torch threads {args.threads}")
+          f"{drafter.assistant_confidence_threshold} | {str(target.dtype).replace('torch.', '')} | torch threads "
+          f"{args.threads}")
     if not trained:
         print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
               "target's, but it accepts almost no drafts, so it is slower than plain generate. Train one with "
@@ -88,10 +90,13 @@ def demo(args) -> int:
         accepted = out.acceptance_lengths[0]
         committed, steps = committed + sum(accepted), steps + len(accepted)
         answer = tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        same = torch.equal(plain, out.sequences)
+        same, start = torch.equal(plain, out.sequences), inputs["input_ids"].shape[1]
+        note = "" if same or exact else (
+            f" (first difference at new token {first_difference(plain[0, start:].tolist(), out.sequences[0, start:].tolist())}:"
+            " in bfloat16 a block forward may round a near-tie differently from one-token forwards; float32 is exact)")
         print(f"\n> {prompt}\n{answer.strip()}\n[acceptance length {sum(accepted) / max(len(accepted), 1):.2f} "
-              f"over {len(accepted)} target forwards; identical to plain generate: {same}]")
-        if not same:
+              f"over {len(accepted)} target forwards; identical to plain generate: {same}{note}]")
+        if not same and exact:
             print("ERROR: output differs from plain greedy generate", file=sys.stderr)
             return 1
     print(f"\nacceptance length (tokens per target forward): {committed / max(steps, 1):.2f}")
@@ -182,12 +187,14 @@ def bench_cmd(args) -> int:
     results["target"], results["drafter"]["source"] = args.target, args.drafter or "untrained (random)"
     paths = write_outputs(results, args.output_dir, make_plot=not args.no_plot)
     print("\n" + results["markdown"])
-    for run in results["runs"]:
-        if run["summary"]["identical"] is False:
-            print(f"ERROR: DFlash output differs from plain greedy generate on {run['set']} batch "
-                  f"{run['batch_size']} block {run['block_size']}", file=sys.stderr)
+    exact = target.dtype in (torch.float32, torch.float64)  # in bfloat16 a near-tie may flip: reported, not an error
+    differs = [run for run in results["runs"] if run["summary"]["identical"] is False]
+    for run in differs:
+        print(f"{'ERROR' if exact else 'note'}: DFlash output differs from plain greedy generate on {run['set']} "
+              f"batch {run['batch_size']} block {run['block_size']} in {run['summary']['rows'] - run['summary']['identical_rows']} "
+              f"of {run['summary']['rows']} rows", file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 1 if any(run["summary"]["identical"] is False for run in results["runs"]) else 0
+    return 1 if differs and exact else 0
 
 
 def _add_training_args(parser) -> None:
@@ -212,6 +219,10 @@ def _add_training_args(parser) -> None:
             parser.add_argument(flag, type=base, default=default, required=required, help=help_text)
 
 
+_DTYPE_HELP = ("dtype of the target and drafter: auto = bfloat16 where the device computes it natively (CPUs with "
+               "AVX512-BF16/AMX, GPUs), else float32")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-dflash", description="DFlash speculative decoding for transformers")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -223,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--num-prompts", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads, pinned so timings compare")
+    p.add_argument("--dtype", default="auto", help=_DTYPE_HELP)
     p.set_defaults(func=demo)
 
     p = sub.add_parser("prepare-data", help="regenerate responses with the target: training data for a drafter")
@@ -238,8 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for temperature > 0")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None,
                    help="thinking mode for chat templates that have one (recorded in the data)")
-    p.add_argument("--dtype", default="float32",
-                   help="dtype of the target: bfloat16 is 2x faster on CPUs with AVX512-BF16/AMX and on GPUs")
+    p.add_argument("--dtype", default="auto", help=_DTYPE_HELP + "; bfloat16 regenerates 2x faster there")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--save-features", metavar="DIR",
                    help="also store the target's features of every sample, captured while generating "
@@ -275,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads, pinned so timings compare")
     p.add_argument("--warmup", type=int, default=1, help="untimed prompt batches per run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto", help=_DTYPE_HELP)
     p.add_argument("--output-dir", default="bench_out")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     p.set_defaults(func=bench_cmd)

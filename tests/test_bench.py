@@ -50,6 +50,7 @@ def test_numbers_are_consistent(results):
         if run["mode"] == "greedy":
             assert s["identical"] is True  # the benchmark compared DFlash with plain greedy itself
             assert all(r["identical"] is True for r in run["prompts"])
+            assert s["identical_rows"] == s["rows"] == 3 and s["first_differences"] == []
             assert s["dflash_new_tokens"] == s["plain_new_tokens"]
         else:
             assert s["identical"] is None
@@ -137,3 +138,16 @@ def test_cli_rejects_unknown_set_before_loading_models():
 
     with pytest.raises(ValueError, match="Unknown prompt set"):
         main(["bench", "--sets", "no-such-set", "--target", "unused"])
+
+
+def test_first_difference_and_dtype_choice():
+    from hf_dflash.bench import first_difference
+    from hf_dflash.devices import native_bf16, resolve_dtype
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one stopped earlier
+    assert resolve_dtype("auto") == (torch.bfloat16 if native_bf16() else torch.float32)
+    assert resolve_dtype("float64") == torch.float64
+    with pytest.raises(ValueError, match="use auto, float32"):
+        resolve_dtype("float33")

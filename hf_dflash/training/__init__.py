@@ -12,7 +12,7 @@ from .batches import build_batch, flex_training_mask, sample_anchors, training_m
 from .config import FIELD_HELP, LOSSES, TrainingConfig
 from .features import target_features
 from .losses import LossHead, chunked_loss, chunked_slot_losses, default_gamma, dpace_weights, drafter_loss, slot_weights
-from .loop import load_drafter_weights, native_bf16, train
+from .loop import load_drafter_weights, train
 from .store import FeatureCapture, FeatureStore, StoreMismatch
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "drafter_loss",
     "flex_training_mask",
     "load_drafter_weights",
-    "native_bf16",
     "sample_anchors",
     "slot_weights",
     "target_features",

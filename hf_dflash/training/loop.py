@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from ..data import frequent_tokens, load_samples
+from ..devices import native_bf16
 from ..modeling import DFlashDraftModel
 from .batches import build_batch, sample_anchors
 from .config import TrainingConfig
@@ -307,11 +308,3 @@ def _eval_and_log(drafter, target, tokenizer, config, step, log_path, accelerato
 
 def _flat(config: TrainingConfig) -> dict:
     return {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v)) for k, v in asdict(config).items()}
-
-
-def native_bf16() -> bool:
-    """Whether this process's device computes bf16 natively: CUDA with bf16, or a CPU with AVX512-BF16 / AMX (torch's
-    CPU check), where bf16 autocast makes a drafter step several times faster. Elsewhere it is slower than fp32."""
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

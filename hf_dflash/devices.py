@@ -1,0 +1,25 @@
+"""What this machine computes natively: the dtype `hf-dflash demo`, `bench` and `train` use by default."""
+
+import torch
+
+
+def native_bf16(device: str | torch.device | None = None) -> bool:
+    """Whether `device` (default: CUDA if present, else the CPU) computes bfloat16 natively: a CUDA GPU with bf16, or a
+    CPU with AVX512-BF16 or AMX. There a bfloat16 forward over 8-16 tokens costs little more than over one (as on a
+    GPU), so DFlash's blocks are cheap to verify; elsewhere bfloat16 is emulated and slower than float32."""
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def resolve_dtype(name: str, device=None) -> torch.dtype:
+    """`"auto"`: bfloat16 where `native_bf16`, else float32; otherwise the torch dtype of that name."""
+    if name == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {name!r}: use auto, float32, bfloat16, float16 or float64.")
+    return dtype
