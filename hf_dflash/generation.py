@@ -14,6 +14,7 @@ loop is the same, with a tree attention mask, and the cache keeps each row's acc
 
 import copy
 import functools
+import time
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ from transformers.generation import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .cost_model import choose_tree_size, load_forward_costs
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
 from .tree import DraftTree, build_tree, gather_path, tree_attention_mask
@@ -75,7 +77,9 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
 
     `draft_tree_size=N` (an argument, a generation config attribute, else the drafter config's
     `dflash_config["draft_tree_size"]`, else 0) verifies a tree of at most N drafts per step, built best-first from
-    the drafter's distributions (`hf_dflash.tree`); 0 verifies the chain of argmax drafts.
+    the drafter's distributions (`hf_dflash.tree`); 0 verifies the chain of argmax drafts. `"auto"` chooses the
+    tree size per step from the target's measured forward costs (`hf_dflash.cost_model`); then only an explicit
+    `assistant_confidence_threshold` applies, not the drafter's default.
     """
     generation_config = kwargs.pop("generation_config", None)
     config = generation_config if generation_config is not None else target.generation_config
@@ -214,9 +218,11 @@ class _Decoder:
         # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
         self.block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
         tree_size = drafter.draft_tree_size if tree_size is None else tree_size
-        if not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0:
-            raise ValueError(f"draft_tree_size={tree_size!r}: use a whole number of draft nodes >= 0.")
-        self.threshold = drafter.assistant_confidence_threshold if threshold is None else threshold
+        if tree_size != "auto" and (not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0):
+            raise ValueError(f"draft_tree_size={tree_size!r}: use a whole number of draft nodes >= 0, or 'auto'.")
+        # "auto" replaces the drafter's tuned default threshold; an explicit one still applies
+        default_threshold = 0.0 if tree_size == "auto" else drafter.assistant_confidence_threshold
+        self.threshold = default_threshold if threshold is None else threshold
         if not 0 <= self.threshold <= 1:
             raise ValueError(
                 f"assistant_confidence_threshold={self.threshold!r}: use a probability in [0, 1] (0: never skip)."
@@ -249,8 +255,11 @@ class _Decoder:
         self.draft_pos = torch.zeros(batch, 0, dtype=torch.long, device=drafter.device)
         self.head = target.get_output_embeddings()
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
-        self.tree_size = 0
+        self.tree_size, self.costs, self.draft_seconds = 0, None, None
         if tree_size and _tree_supported(target):
+            if tree_size == "auto":
+                self.costs = load_forward_costs(target, batch_size=batch)
+                tree_size = self.costs.max_tokens - 1  # the largest verification the curve covers
             self.tree_size = tree_size
             draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].shape[0]
             self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
@@ -296,11 +305,20 @@ class _Decoder:
         return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1))
 
     def propose_tree(self, newest: torch.LongTensor, verify_len: int) -> DraftTree | None:
-        """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold)."""
+        """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold, or
+        "auto" finding that no tree pays)."""
+        start = time.perf_counter()
         ids, probs = self.drafter_candidates(newest, verify_len, self.top_k)
         if self.threshold and bool((probs[:, 0, 0] < self.threshold).all()):
             return None
-        return build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
+        tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
+        if self.costs is None:
+            return tree
+        # the drafter's time per step (forward, head, tree; `build_tree` waits for the device), smoothed
+        elapsed = time.perf_counter() - start
+        self.draft_seconds = elapsed if self.draft_seconds is None else 0.8 * self.draft_seconds + 0.2 * elapsed
+        num_drafts = choose_tree_size(tree.scores, self.costs, self.draft_seconds)
+        return tree.first(num_drafts) if num_drafts else None
 
     def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> tuple:
         """Drafts [rows, verify_len - 1] and, with a confidence threshold, the drafter's probability for each row's

@@ -148,10 +148,11 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         return float(self.config.dflash_config.get("assistant_confidence_threshold") or 0.0)
 
     @property
-    def draft_tree_size(self) -> int:
+    def draft_tree_size(self) -> int | str:
         """hf-dflash extension: the default number of draft nodes a step verifies as a tree (0: a chain of argmax
-        drafts)."""
-        return int(self.config.dflash_config.get("draft_tree_size") or 0)
+        drafts; "auto": chosen per step from the target's measured forward costs)."""
+        size = self.config.dflash_config.get("draft_tree_size") or 0
+        return size if size == "auto" else int(size)
 
     @property
     def mask_token_id(self) -> int:

@@ -1,0 +1,141 @@
+"""What a verification costs on this hardware, and the draft tree worth verifying (`draft_tree_size="auto"`).
+
+How many drafts pay depends on the hardware and dtype: on a GPU a forward over 16 tokens costs about what a
+one-token forward costs, on a CPU in float32 several times more. `measure_forward_costs` times the target's forward
+over k = 1, 2, 4, ..., 32 new tokens after a 128-token cache, on the target's own device and dtype, at a batch size;
+`load_forward_costs` keeps the measurement on disk per (model, config, device, dtype, batch, threads) and measures
+only once. `choose_tree_size` then picks, each step, the number of best-first tree nodes n that maximises expected
+committed tokens per second,
+
+    (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + drafting time),
+
+where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
+if the drafter is calibrated) and n = 0 is a one-token step.
+"""
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class ForwardCosts:
+    """Seconds of one target forward over `tokens[i]` new tokens: `seconds[i]` (tokens increasing)."""
+
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    @property
+    def max_tokens(self) -> int:
+        return self.tokens[-1]
+
+    def __call__(self, k: float) -> float:
+        """t(k), linear between the measured points (and along the last segment beyond them)."""
+        points = list(zip(self.tokens, self.seconds))
+        if k <= points[0][0]:
+            return points[0][1]
+        for (k0, t0), (k1, t1) in zip(points, points[1:]):
+            if k <= k1:
+                return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
+        (k0, t0), (k1, t1) = points[-2], points[-1]
+        return t1 + (t1 - t0) * (k - k1) / (k1 - k0)
+
+
+def choose_tree_size(scores: torch.Tensor, costs: ForwardCosts, draft_seconds: float = 0.0) -> int:
+    """The number of draft nodes n (0 = none) maximising expected committed tokens per second for a batch whose
+    rows verify the first n nodes of their best-first trees; `scores` [rows, N]: the nodes' path probabilities,
+    best first (`DraftTree.scores`). Every row commits its accepted drafts plus the target's own token."""
+    rows, size = scores.shape
+    expected = scores.double().sum(0).cumsum(0).tolist()  # accepted drafts over the rows with n = 1..N nodes
+    best, best_rate = 0, rows / (costs(1) + draft_seconds)
+    for n in range(1, size + 1):
+        rate = (rows + expected[n - 1]) / (costs(n + 1) + draft_seconds)
+        if rate > best_rate:
+            best, best_rate = n, rate
+    return best
+
+
+@torch.no_grad()
+def measure_forward_costs(
+    target, batch_size: int = 1, sizes=SIZES, context: int = 128, repeats: int = 5
+) -> ForwardCosts:
+    """Time the target's forward over k new tokens (k in `sizes`) after a `context`-token cache, as the decoding loop
+    runs it (with hidden states, logits at every position), on the target's device and dtype: the median of
+    `repeats` runs after one warm-up. Random token ids; a few seconds for a small model on a CPU."""
+    device = target.device
+    generator = torch.Generator().manual_seed(0)
+    vocab = target.config.get_text_config().vocab_size
+    ids = torch.randint(vocab, (batch_size, context + max(sizes)), generator=generator).to(device)
+    cache = DynamicCache(config=target.config)
+    cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
+    target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+    seconds = []
+    for k in sizes:
+        runs = []
+        for _ in range(repeats + 1):
+            _synchronize(device)
+            start = time.perf_counter()
+            target(input_ids=ids[:, context : context + k], cache=cache, use_cache=True, output_hidden_states=True)
+            _synchronize(device)
+            runs.append(time.perf_counter() - start)
+            cache.crop(-k)
+        seconds.append(statistics.median(runs[1:]))
+    return ForwardCosts(tuple(sizes), tuple(seconds))
+
+
+def load_forward_costs(target, batch_size: int = 1, refresh: bool = False, **measure_kwargs) -> ForwardCosts:
+    """The target's forward costs on this machine: read from the cache folder (`forward_costs_dir()`), else measured
+    with `measure_forward_costs` and written there. `refresh=True` measures again."""
+    key = _cache_key(target, batch_size, measure_kwargs)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = forward_costs_dir() / f"forward_costs-{digest}.json"
+    if path.is_file() and not refresh:
+        saved = json.loads(path.read_text())
+        return ForwardCosts(tuple(saved["tokens"]), tuple(saved["seconds"]))
+    costs = measure_forward_costs(target, batch_size=batch_size, **measure_kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")  # another process may be writing the same file
+    temporary.write_text(json.dumps({"key": key, "tokens": costs.tokens, "seconds": costs.seconds}, indent=1))
+    temporary.replace(path)
+    return costs
+
+
+def forward_costs_dir() -> Path:
+    """Where measured forward costs are kept: `$HF_DFLASH_CACHE`, else `$HF_HOME/hf_dflash`, else
+    `~/.cache/hf_dflash` (`$XDG_CACHE_HOME` honoured)."""
+    if os.environ.get("HF_DFLASH_CACHE"):
+        return Path(os.environ["HF_DFLASH_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hf_dflash"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_dflash"
+
+
+def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
+    config = target.config
+    device = torch.device(target.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return {
+        "model": str(getattr(config, "name_or_path", "") or type(target).__name__),
+        "config": hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16],
+        "attention": config.get_text_config()._attn_implementation,
+        "device": f"{device} ({name})",
+        "dtype": str(target.dtype),
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in measure_kwargs.items()},
+    }
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,123 @@
+"""`draft_tree_size="auto"`: forward costs measured once per model / device / dtype / batch and kept on disk, and
+the per-step choice of the tree size they make pay; lossless like every other setting."""
+
+import json
+
+import pytest
+import torch
+
+import hf_dflash.cost_model as cost_model
+from conftest import ForwardCounter, left_padded, make_drafter, make_target
+from hf_dflash.cost_model import ForwardCosts, choose_tree_size, load_forward_costs, measure_forward_costs
+from test_tree import TreeOracle, tree_oracle  # noqa: F401 (a fixture)
+
+FLAT = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01,) * 6)  # a GPU: every verification costs a one-token step
+STEEP = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01, 0.02, 0.04, 0.08, 0.16, 0.32))  # cost proportional to tokens
+CPU = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01, 0.015, 0.03, 0.06, 0.12, 0.24))  # 2 tokens cheap, then linear
+
+
+@pytest.fixture(autouse=True)
+def costs_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path / "costs"))
+    return tmp_path / "costs"
+
+
+def test_interpolation():
+    costs = ForwardCosts((1, 2, 4), (1.0, 2.0, 3.0))
+    assert [costs(k) for k in (0, 1, 1.5, 2, 3, 4, 6)] == [1.0, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0]
+    assert costs.max_tokens == 4
+
+
+def test_chooser_on_synthetic_curves():
+    sure = torch.tensor([[0.9, 0.81, 0.73, 0.3, 0.2, 0.1, 0.05, 0.01]], dtype=torch.float64)
+    unsure = torch.tensor([[0.2, 0.1, 0.05, 0.02]], dtype=torch.float64)
+    assert choose_tree_size(sure, FLAT) == 8  # a flat curve: every node with a chance pays
+    assert choose_tree_size(unsure, FLAT) == 4
+    assert choose_tree_size(unsure, STEEP) == 0  # steep curve, unsure drafter: no drafts
+    assert choose_tree_size(sure, STEEP) == 0  # cost proportional to tokens: only certain drafts would pay
+    # the first sure draft pays where 2 tokens cost 1.5 one-token steps (1.9 tokens in 1.5 steps), a third node
+    # does not (3.44 tokens in 3 steps)
+    assert choose_tree_size(sure, CPU) == 1
+    assert choose_tree_size(unsure, CPU) == 0
+    # the drafter's time is paid by every step: it makes verifying drafts relatively cheaper
+    assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP) == 0
+    assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP, draft_seconds=0.05) == 1
+    # a batch shares one tree size: the rows' expectations add up
+    assert choose_tree_size(torch.cat([unsure, sure[:, :4]]), CPU) == 1  # 3.1 tokens in 1.5 steps > 2 in 1
+
+
+def test_measure_and_cache(costs_dir, monkeypatch):
+    target = make_target("qwen3", dtype=torch.float32)
+    costs = measure_forward_costs(target, sizes=(1, 4), context=16, repeats=2)
+    assert costs.tokens == (1, 4) and all(t > 0 for t in costs.seconds)
+    loaded = load_forward_costs(target, batch_size=2, sizes=(1, 4), context=16, repeats=2)
+    files = list(costs_dir.glob("forward_costs-*.json"))
+    assert len(files) == 1
+    saved = json.loads(files[0].read_text())
+    assert saved["key"]["batch_size"] == 2 and saved["key"]["dtype"] == "torch.float32"
+    assert tuple(saved["seconds"]) == loaded.seconds
+
+    def fail(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(cost_model, "measure_forward_costs", fail)
+    assert load_forward_costs(target, batch_size=2, sizes=(1, 4), context=16, repeats=2) == loaded  # from disk
+    with pytest.raises(AssertionError, match="measured again"):  # another batch size is another measurement
+        load_forward_costs(target, batch_size=3, sizes=(1, 4), context=16, repeats=2)
+
+
+def test_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_DFLASH_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert cost_model.forward_costs_dir() == tmp_path / "hf" / "hf_dflash"
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cost_model.forward_costs_dir() == tmp_path / "xdg" / "hf_dflash"
+
+
+def with_costs(monkeypatch, costs):
+    monkeypatch.setattr("hf_dflash.generation.load_forward_costs", lambda target, batch_size: costs)
+
+
+@pytest.mark.parametrize("costs, tokens", [(FLAT, [5] + [32] * 3), (STEEP, [5] + [1] * 12)])
+def test_auto_follows_the_cost_curve(costs, tokens, tree_oracle, monkeypatch):  # noqa: F811
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    drafter.config.dflash_config["assistant_confidence_threshold"] = 0.9  # ignored by "auto"
+    ids, _ = left_padded(1, lengths=[5])
+    plain = target.generate(ids, do_sample=False, max_new_tokens=13)
+    tree_oracle([1, 0, 0])
+    with_costs(monkeypatch, costs)
+    counter = ForwardCounter(target)
+    out = target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter, draft_tree_size="auto")
+    assert torch.equal(out, plain)
+    # flat: the largest tree the curve covers (31 nodes + the root); steep: the oracle's drafter is unsure
+    # (0.5 for its favourite) and verifying k tokens costs k one-token steps: no drafts
+    assert counter.tokens == tokens
+
+
+def test_auto_keeps_the_explicit_overrides(tree_oracle, monkeypatch):  # noqa: F811
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    ids, _ = left_padded(1, lengths=[5])
+    tree_oracle([1, 0, 0])
+    with_costs(monkeypatch, FLAT)
+    counter = ForwardCounter(target)
+    kwargs = dict(do_sample=False, max_new_tokens=13, assistant_model=drafter, draft_tree_size="auto")
+    out = target.generate(ids, num_assistant_tokens=1, return_dict_in_generate=True, **kwargs)
+    assert out.acceptance_lengths[0] == [2] * 6  # depth 1: the runner-up accepted, nothing below
+    counter.tokens.clear()
+    target.generate(ids, assistant_confidence_threshold=0.6, **kwargs)
+    assert counter.tokens == [5] + [1] * 12  # the favourite's 0.5 is under the explicit threshold
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_auto_is_lossless_with_measured_costs(arch, costs_dir):
+    target = make_target(arch)
+    drafter = make_drafter(target, block_size=5)
+    drafter.config.dflash_config["draft_tree_size"] = "auto"  # the drafter's default
+    ids, mask = left_padded(3)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter)
+    assert torch.equal(out, plain)
+    assert len(list(costs_dir.glob("forward_costs-*.json"))) == 1  # measured once, for batch 3
