@@ -108,7 +108,7 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     weights = slot_weights(config.block_size, config.gamma)
 
     if config.features:
-        features_of = StoreFeatures(config.features, sample_ids, layer_ids, drafter.config.hidden_size)
+        features_of = StoreFeatures(config.features, sample_ids, layer_ids, raw_drafter.config.hidden_size)
     elif config.cache_features:
         features_of = CachedFeatures(target, samples, layer_ids, accelerator.device, accelerator.is_main_process)
     else:
