@@ -2,9 +2,9 @@
 
 How many drafts pay depends on the hardware and dtype: on a GPU a forward over 16 tokens costs about what a
 one-token forward costs, on a CPU in float32 several times more. `measure_forward_costs` times the target's forward
-over k = 1, 2, 4, ..., 32 new tokens after a 128-token cache, on the target's own device and dtype, at a batch size;
-`load_forward_costs` keeps the measurement on disk per (model, config, device, dtype, batch, threads) and measures
-only once. `choose_tree_size` then picks, each step, the number of best-first tree nodes n that maximises expected
+over k = 1, 2, 4, ..., 32 new tokens after a 128-token cache, with a tree attention mask as the loop verifies trees,
+on the target's own device and dtype, at a batch size; `load_forward_costs` keeps the measurement on disk per
+(model, config, device, dtype, batch, threads) and measures only once. `choose_tree_size` then picks, each step, the number of best-first tree nodes n that maximises expected
 committed tokens per second,
 
     (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + drafting time),
@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 from transformers.cache_utils import DynamicCache
+
+from .tree import DraftTree, tree_attention_mask
 
 SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -69,8 +71,9 @@ def measure_forward_costs(
     target, batch_size: int = 1, sizes=SIZES, context: int = 128, repeats: int = 5
 ) -> ForwardCosts:
     """Time the target's forward over k new tokens (k in `sizes`) after a `context`-token cache, as the decoding loop
-    runs it (with hidden states, logits at every position), on the target's device and dtype: the median of
-    `repeats` runs after one warm-up. Random token ids; a few seconds for a small model on a CPU."""
+    verifies a tree of k - 1 drafts (a tree attention mask, hidden states, logits at every position), on the
+    target's device and dtype: the median of `repeats` runs after one warm-up. Random token ids; a few seconds for a
+    small model on a CPU."""
     device = target.device
     generator = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size
@@ -78,13 +81,20 @@ def measure_forward_costs(
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
     target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+    valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
     seconds = []
     for k in sizes:
+        chain = DraftTree.chain(ids[:, context : context + k])  # the mask's cost depends on its size, not its shape
+        mask = None if k == 1 else tree_attention_mask(chain, valid, cache, target.dtype)
+        positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
         runs = []
         for _ in range(repeats + 1):
             _synchronize(device)
             start = time.perf_counter()
-            target(input_ids=ids[:, context : context + k], cache=cache, use_cache=True, output_hidden_states=True)
+            target(
+                input_ids=chain.tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                output_hidden_states=True,
+            )
             _synchronize(device)
             runs.append(time.perf_counter() - start)
             cache.crop(-k)
@@ -110,13 +120,16 @@ def load_forward_costs(target, batch_size: int = 1, refresh: bool = False, **mea
 
 
 def forward_costs_dir() -> Path:
-    """Where measured forward costs are kept: `$HF_DFLASH_CACHE`, else `$HF_HOME/hf_dflash`, else
-    `~/.cache/hf_dflash` (`$XDG_CACHE_HOME` honoured)."""
+    """Where measured forward costs are kept: `forward_costs/` under `$HF_DFLASH_CACHE` (which also holds the
+    packaged models), else under `$HF_HOME/hf_dflash`, else under `~/.cache/hf_dflash` (`$XDG_CACHE_HOME`
+    honoured)."""
     if os.environ.get("HF_DFLASH_CACHE"):
-        return Path(os.environ["HF_DFLASH_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hf_dflash"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_dflash"
+        root = Path(os.environ["HF_DFLASH_CACHE"])
+    elif os.environ.get("HF_HOME"):
+        root = Path(os.environ["HF_HOME"]) / "hf_dflash"
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hf_dflash"
+    return root / "forward_costs"
 
 
 def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
@@ -132,6 +145,7 @@ def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "method": "tree mask",  # what `measure_forward_costs` times: a change of method must not read old files
         **{k: list(v) if isinstance(v, tuple) else v for k, v in measure_kwargs.items()},
     }
 

@@ -18,8 +18,8 @@ CPU = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01, 0.015, 0.03, 0.06, 0.12, 0.24)) 
 
 @pytest.fixture(autouse=True)
 def costs_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path / "costs"))
-    return tmp_path / "costs"
+    monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path))
+    return tmp_path / "forward_costs"
 
 
 def test_interpolation():
@@ -69,10 +69,10 @@ def test_measure_and_cache(costs_dir, monkeypatch):
 def test_cache_folder(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_DFLASH_CACHE")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    assert cost_model.forward_costs_dir() == tmp_path / "hf" / "hf_dflash"
+    assert cost_model.forward_costs_dir() == tmp_path / "hf" / "hf_dflash" / "forward_costs"
     monkeypatch.delenv("HF_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cost_model.forward_costs_dir() == tmp_path / "xdg" / "hf_dflash"
+    assert cost_model.forward_costs_dir() == tmp_path / "xdg" / "hf_dflash" / "forward_costs"
 
 
 def with_costs(monkeypatch, costs):
