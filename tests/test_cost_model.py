@@ -9,7 +9,7 @@ import torch
 import hf_dflash.cost_model as cost_model
 from conftest import ForwardCounter, left_padded, make_drafter, make_target
 from hf_dflash.cost_model import ForwardCosts, choose_tree_size, load_forward_costs, measure_forward_costs
-from test_tree import TreeOracle, tree_oracle  # noqa: F401 (a fixture)
+from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
 FLAT = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01,) * 6)  # a GPU: every verification costs a one-token step
 STEEP = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01, 0.02, 0.04, 0.08, 0.16, 0.32))  # cost proportional to tokens

@@ -179,8 +179,10 @@ def test_rows_accept_paths_of_different_lengths(tree_oracle):
     ids, mask = left_padded(3)
     plain = greedy(target, ids, mask, max_new_tokens=25)
     tree_oracle({0: [1, 0, 0], 1: [0, 1, 0], 2: [None]})  # 4, 2 and 1 tokens per step with 6 nodes
+    counter = ForwardCounter(target)
     out = greedy(target, ids, mask, drafter, max_new_tokens=25, draft_tree_size=6, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain)
+    assert counter.calls == 1 + len(out.acceptance_lengths[2])  # one forward per step for the whole batch
     assert out.acceptance_lengths[0][:5] == [4] * 5
     assert out.acceptance_lengths[1][:5] == [2] * 5
     assert out.acceptance_lengths[2][:5] == [1] * 5
