@@ -47,9 +47,7 @@ class DraftTree:
         return DraftTree(self.tokens[:, :end], self.parents[:, :end], self.depths[:, :end], scores, self.is_chain)
 
 
-def build_tree(
-    root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tensor, budget: int
-) -> DraftTree:
+def build_tree(root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tensor, budget: int) -> DraftTree:
     """The best-first tree of at most `budget` draft nodes under each row's `root` token.
 
     `ids`, `probs` [rows, D, k]: the drafter's k most likely tokens for block positions 1..D and their probabilities,
@@ -59,33 +57,33 @@ def build_tree(
     best path, so a tree holds the chain's first nodes.
     """
     rows, depth, k = ids.shape
-    p = probs.double().tolist()
+    p = probs.double().tolist()  # a few hundred floats: the heap runs in Python
     size = min(budget, sum(k**d for d in range(1, depth + 1)))  # the same for every row
-    picks = []  # per row: (position index d - 1, rank, parent slot, score) of each node in slot order
+    nodes = []  # per row, in slot order: (depth - 1, rank, parent slot)
+    scores = []  # per row, in slot order: the path probability
     for r in range(rows):
-        nodes, scores = [], [1.0]  # scores[slot]; the root is slot 0
-        heap = [(-p[r][0][0], 0, 0, 0)]  # (-score, position index, rank, parent slot)
-        while len(nodes) < size:
+        row_nodes, row_scores = [], [1.0]  # row_scores[slot]; the root is slot 0
+        heap = [(-p[r][0][0], 0, 0, 0)]  # (-score, depth - 1, rank, parent slot)
+        while len(row_nodes) < size:
             negative, d, rank, parent = heapq.heappop(heap)
-            nodes.append((d, rank, parent))
-            scores.append(-negative)
-            if rank + 1 < k:  # next sibling
-                heapq.heappush(heap, (-scores[parent] * p[r][d][rank + 1], d, rank + 1, parent))
-            if d + 1 < depth:  # first child
-                heapq.heappush(heap, (negative * p[r][d + 1][0], d + 1, 0, len(nodes)))
-        picks.append((nodes, scores[1:]))
+            row_nodes.append((d, rank, parent))
+            row_scores.append(-negative)
+            if rank + 1 < k:  # its next sibling
+                heapq.heappush(heap, (-row_scores[parent] * p[r][d][rank + 1], d, rank + 1, parent))
+            if d + 1 < depth:  # its first child
+                heapq.heappush(heap, (negative * p[r][d + 1][0], d + 1, 0, len(row_nodes)))
+        nodes.append(row_nodes)
+        scores.append(row_scores[1:])
     device = ids.device
-    position = torch.tensor([[d for d, _, _ in nodes] for nodes, _ in picks], dtype=torch.long, device=device)
-    rank = torch.tensor([[r for _, r, _ in nodes] for nodes, _ in picks], dtype=torch.long, device=device)
-    parent = torch.tensor([[q for _, _, q in nodes] for nodes, _ in picks], dtype=torch.long, device=device)
-    position, rank, parent = (t.view(rows, size) for t in (position, rank, parent))  # also for size == 0
+    # [rows, size, 3], also for size == 0
+    index = torch.tensor(nodes, dtype=torch.long, device=device).view(rows, size, 3)
+    position, rank, parent = index.unbind(-1)  # position: depth - 1, the index into `ids`
     tokens = ids[torch.arange(rows, device=device)[:, None], position, rank]  # [rows, size]
-    root = root.to(device)
     return DraftTree(
-        tokens=torch.cat([root[:, None], tokens], dim=1),
+        tokens=torch.cat([root.to(device)[:, None], tokens], dim=1),
         parents=torch.cat([parent.new_full((rows, 1), -1), parent], dim=1),
         depths=torch.cat([position.new_zeros(rows, 1), position + 1], dim=1),
-        scores=torch.tensor([s for _, s in picks], dtype=torch.float64, device=device).view(rows, size),
+        scores=torch.tensor(scores, dtype=torch.float64, device=device).view(rows, size),
     )
 
 
