@@ -3,9 +3,11 @@
 `benchmark(...)` runs plain `target.generate` and DFlash (`assistant_model=drafter`) interleaved prompt by prompt on
 named prompt sets, with baselines (prompt-lookup decoding, transformers' native `speculation_type="dflash"` path, the
 reference `dflash` package's loop) measured in the same run; `write_outputs(...)` writes the JSON, a markdown table
-and a PNG plot. `hf-dflash bench` is the command-line front end.
+and a PNG plot. `hf-dflash bench` is the command-line front end. `draft_tree_sizes` measures draft trees next to the
+chain; `oracle=True` measures the loop against its ceiling with always-right drafts (`hf_dflash.oracle`).
 """
 
+import contextlib
 import copy
 import datetime
 import gzip
@@ -157,6 +159,8 @@ class _PhaseTimer:
     def __init__(self, target, drafter=None):
         self.seconds = dict.fromkeys(self.PHASES, 0.0)
         self.target_forwards = 0
+        self.paused_seconds = 0.0  # excluded from the call's time (the oracle recomputing a continuation)
+        self._paused = False
         self._cuda = target.device.type == "cuda"
         self._start = {}
         self._drafted = None  # when the drafter's layers last finished
@@ -171,7 +175,25 @@ class _PhaseTimer:
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    @contextlib.contextmanager
+    def pause(self):
+        """Time inside is no phase's and is reported as `paused_seconds`; the forwards inside are not counted."""
+        began = self._now()
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            elapsed = self._now() - began
+            self.paused_seconds += elapsed
+            # intervals open across the pause resume after it
+            self._start = {k: v + elapsed for k, v in self._start.items()}
+            if self._drafted is not None:
+                self._drafted += elapsed
+
     def _enter(self, what: str) -> None:
+        if self._paused:
+            return
         now = self._now()
         if what == "target" and self._drafted is not None:
             self.seconds["drafter_head"] += now - self._drafted
@@ -179,6 +201,8 @@ class _PhaseTimer:
         self._start[what] = now
 
     def _leave(self, what: str) -> None:
+        if self._paused:
+            return
         now = self._now()
         elapsed = now - self._start.pop(what)
         if what == "drafter":
@@ -196,11 +220,16 @@ class _PhaseTimer:
             handle.remove()
 
 
-def _profiled(fn, target, drafter=None):
-    """`fn()`, its wall time and a `_PhaseTimer` breakdown of it."""
+def _profiled(fn, target, drafter=None, oracle=None):
+    """`fn()`, its wall time and a `_PhaseTimer` breakdown of it. With an `OracleDrafts`, its recomputations run in
+    the timer's pauses and are left out of the time."""
     with _PhaseTimer(target, drafter) as timer:
+        if oracle is not None:
+            oracle.pause = timer.pause
         out, seconds = _timed(fn)
-    phases = dict(timer.seconds, other=seconds - sum(timer.seconds.values()), target_forwards=timer.target_forwards)
+    seconds -= timer.paused_seconds
+    phases = dict(timer.seconds, other=seconds - sum(timer.seconds.values()), target_forwards=timer.target_forwards,
+                  paused=timer.paused_seconds)
     return out, seconds, phases
 
 
@@ -253,14 +282,29 @@ def benchmark(
     drafter_note: str | None = None,
     progress: bool = True,
     assistant_confidence_threshold: float | None = None,
+    draft_tree_sizes=None,
+    oracle: bool = False,
+    oracle_repeats: int = 5,
 ) -> dict:
     """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
     size. Per prompt batch: new tokens, seconds, acceptance lengths per step and their histogram; per run: tau
     (pooled tokens committed per target forward), tokens/s, speedup = plain seconds / DFlash seconds. Baselines
     (batch 1, greedy) run in the same interleaved loop. `warmup` prompt batches per run are generated untimed first.
     In greedy mode the DFlash output is compared with plain generate token for token (`identical`).
-    `assistant_confidence_threshold` goes to the DFlash calls (None: the drafter's default)."""
+    `assistant_confidence_threshold` goes to the DFlash calls (None: the drafter's default).
+
+    `prompt_sets` values: lists of chat `Prompt`s (encoded with `tokenizer`'s chat template) or of token id lists
+    (left-padded with the target's pad token; `tokenizer` may then be None). `draft_tree_sizes`: the
+    `draft_tree_size` of the DFlash calls, each measured as its own run (0: the chain, N: a tree of N drafts,
+    "auto"; default: the drafter's own); baselines are measured in the first one's runs only.
+
+    `oracle=True` (greedy only): the DFlash calls draft the target's own greedy continuation after the real drafter
+    ran (`hf_dflash.oracle`; precomputed from the plain call, recomputed from the committed text, untimed, where a
+    near-tie left it), and each run reports the loop's speedup, the ceiling from forwards timed in the same run
+    (B x t(1) / t(B) for a chain; `oracle_repeats` timings of each size) and their ratio."""
     from tqdm.auto import tqdm
+
+    from .oracle import OracleDrafts, ceiling, oracle_generate, time_forwards
 
     unknown = set(baselines) - set(BASELINES)
     if unknown:
@@ -268,14 +312,24 @@ def benchmark(
     bad_modes = set(modes) - {"greedy", "sampling"}
     if bad_modes:
         raise ValueError(f"Unknown modes {sorted(bad_modes)}: use greedy and/or sampling.")
+    if oracle and "sampling" in modes:
+        raise ValueError("The oracle drafts the target's greedy continuation: use modes=('greedy',) with it.")
     torch.set_num_threads(threads)
     block_sizes = list(block_sizes or [drafter.block_size])
+    tree_sizes = list(draft_tree_sizes) if draft_tree_sizes else [drafter.draft_tree_size or 0]
+    for tree in tree_sizes:
+        if tree != "auto" and (not isinstance(tree, int) or tree < 0):
+            raise ValueError(f"draft tree size {tree!r}: use whole numbers >= 0 (0: the chain) or 'auto'.")
     stop_ids = _stop_ids(target)
     device = target.device
-    tokenizer = copy.copy(tokenizer)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    pad_id = target.generation_config.pad_token_id
+    pad_id = int(pad_id if pad_id is not None else (stop_ids or [0])[0])
+    if tokenizer is not None:
+        tokenizer = copy.copy(tokenizer)
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        pad_id = tokenizer.pad_token_id
     notes = []
     if drafter_note:
         notes.append(drafter_note)
@@ -291,44 +345,53 @@ def benchmark(
         variant.config.block_size = block
         drafters[block] = variant.eval()
 
-    runs_spec = [(s, b, m, k) for s in prompt_sets for b in batch_sizes for m in modes for k in block_sizes]
-    total = sum(-(-len(prompt_sets[s]) // b) for s, b, _, _ in runs_spec)
+    runs_spec = [(s, b, m, k, t) for s in prompt_sets for b in batch_sizes for m in modes for k in block_sizes
+                 for t in tree_sizes]
+    total = sum(-(-len(prompt_sets[s]) // b) for s, b, *_ in runs_spec)
     bar = tqdm(total=total, desc="bench", disable=not progress)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         references = {}
-        for set_name, batch_size, mode, block in runs_spec:
+        for set_name, batch_size, mode, block, tree in runs_spec:
             greedy = mode == "greedy"
             active = [b for b in baselines if b != "plain"] if greedy and batch_size == 1 else []
             skipped = {}
+            if active and tree != tree_sizes[0]:  # the baselines draft no trees: measured once
+                skipped = dict.fromkeys(active, f"measured in the draft_tree_size={tree_sizes[0]} run")
+                active = []
             if "reference" in active and block not in references:
                 references[block] = _reference_drafter(drafters[block], Path(tmp) / f"b{block}", target.dtype)
             if "reference" in active and references[block][0] is None:
                 skipped["reference"] = references[block][1]
                 active.remove("reference")
-            prompts = prompt_sets[set_name]
+            prompts = list(enumerate(prompt_sets[set_name]))  # (index, Prompt or token ids)
             batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
             kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy)
             if not greedy:
                 kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
 
             def measure(batch, timed_index):
-                texts = [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
-                         for p in batch]
-                inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                inputs = _encode([p for _, p in batch], tokenizer, pad_id, device)
                 prompt_len = inputs["input_ids"].shape[1]
                 torch.manual_seed(seed + timed_index)
                 plain, plain_s, plain_phases = _profiled(lambda: target.generate(**inputs, **kwargs), target)
                 torch.manual_seed(seed + timed_index)
-                out, dflash_s, dflash_phases = _profiled(lambda: target.generate(
-                    **inputs, **kwargs, assistant_confidence_threshold=assistant_confidence_threshold,
-                    assistant_model=drafters[block], return_dict_in_generate=True),
-                    target, drafters[block])
+                dflash_kwargs = dict(kwargs, assistant_confidence_threshold=assistant_confidence_threshold,
+                                     draft_tree_size=tree, return_dict_in_generate=True)
+                drafts = None
+                if oracle:
+                    drafts = OracleDrafts.from_plain(plain, prompt_len, max_new_tokens, inputs.get("attention_mask"),
+                                                     pad_id)
+                    call = lambda: oracle_generate(target, drafters[block], drafts, inputs, **dflash_kwargs)  # noqa: E731
+                else:
+                    call = lambda: target.generate(**inputs, **dflash_kwargs, assistant_model=drafters[block])  # noqa: E731
+                out, dflash_s, dflash_phases = _profiled(call, target, drafters[block], drafts)
                 plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
                 dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
                 lengths = [n for row in out.acceptance_lengths for n in row]
                 record = {
-                    "prompt_ids": [p.id for p in batch], "prompt_tokens": int(inputs["attention_mask"].sum()),
+                    "prompt_ids": [p.id if isinstance(p, Prompt) else str(i) for i, p in batch],
+                    "prompt_tokens": int(inputs["attention_mask"].sum()), "prompt_len": prompt_len,
                     "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s, "phases": plain_phases},
                     "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s, "phases": dflash_phases},
                     "acceptance_lengths": out.acceptance_lengths,
@@ -341,6 +404,8 @@ def benchmark(
                     "first_difference": [first_difference(a, b) for a, b in zip(plain_rows, dflash_rows)]
                     if greedy else None,
                 }
+                if drafts is not None:
+                    record["oracle"] = drafts.record()
                 for name in active:
                     if name == "prompt_lookup":
                         seq, secs = _timed(lambda: target.generate(
@@ -361,13 +426,17 @@ def benchmark(
             for i, batch in enumerate(batches):
                 records.append(measure(batch, i))
                 bar.update(1)
-            runs.append(_summarise(set_name, batch_size, mode, block, records, active, skipped, greedy))
+            run = _summarise(set_name, batch_size, mode, block, tree, records, active, skipped, greedy)
+            if oracle:
+                run["oracle"] = _oracle_summary(run, target, time_forwards, ceiling, oracle_repeats)
+            runs.append(run)
     bar.close()
     results = {
         "machine": _machine(threads),
         "settings": {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "threads": threads, "warmup": warmup,
             "seed": seed, "batch_sizes": list(batch_sizes), "modes": list(modes), "block_sizes": block_sizes,
+            "draft_tree_sizes": tree_sizes, "oracle": oracle,
             "baselines": list(baselines), "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
             "assistant_confidence_threshold": drafter.assistant_confidence_threshold
             if assistant_confidence_threshold is None else assistant_confidence_threshold,
@@ -383,7 +452,40 @@ def benchmark(
     return results
 
 
-def _summarise(set_name, batch_size, mode, block, records, active, skipped, greedy) -> dict:
+def _encode(prompts: list, tokenizer, pad_id: int, device) -> dict:
+    """A left-padded batch: chat `Prompt`s through the tokenizer's chat template, token id lists as they are."""
+    if isinstance(prompts[0], Prompt):
+        texts = [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False) for p in prompts]
+        return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device))
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _oracle_summary(run: dict, target, time_forwards, ceiling, repeats: int) -> dict:
+    """The oracle run's speedup against the ceiling, with the target's forwards timed now: t(1) and t(V) for the
+    V tokens its steps verify (the block for a chain, the tree's nodes + 1, or each size "auto" chose), after a
+    cache of the run's mean prompt length, at its batch size."""
+    block, tree, s = run["block_size"], run["tree_size"], run["summary"]
+    if tree == "auto":  # the sizes it chose, step by step
+        verified = [d + 1 for r in run["prompts"] for row in r["draft_lengths"] for d in row]
+    else:
+        verified = [block if tree == 0 else tree + 1]
+    context = round(sum(r["prompt_len"] for r in run["prompts"]) / len(run["prompts"]))
+    seconds = time_forwards(target, [1, *verified], context, batch_size=run["batch_size"], repeats=repeats,
+                            tree=tree != 0)
+    limit = ceiling(seconds, block, verified)
+    return {
+        "speedup": s["speedup"], "ceiling": limit, "ratio": s["speedup"] / limit,
+        "forward_seconds": {str(k): v for k, v in seconds.items()}, "context": context,
+        "wrong_steps": sum(r["oracle"]["wrong_steps"] for r in run["prompts"]),
+        "resyncs": sum(len(r["oracle"]["resyncs"]) for r in run["prompts"]),
+        "resync_seconds": sum(r["oracle"]["resync_seconds"] for r in run["prompts"]),
+    }
+
+
+def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped, greedy) -> dict:
     plain_s = sum(r["plain"]["seconds"] for r in records)
     dflash_s = sum(r["dflash"]["seconds"] for r in records)
     plain_tokens = sum(r["plain"]["new_tokens"] for r in records)
@@ -407,13 +509,17 @@ def _summarise(set_name, batch_size, mode, block, records, active, skipped, gree
         for name in ("prompt_lookup", "native", "reference"):
             baselines.setdefault(name, {"skipped": reason})
     return {
-        "set": set_name, "batch_size": batch_size, "mode": mode, "block_size": block, "prompts": records,
+        "set": set_name, "batch_size": batch_size, "mode": mode, "block_size": block, "tree_size": tree,
+        "prompts": records,
         "profile": {method: _profile(records, method) for method in ("plain", "dflash")},
         "summary": {
             "tau": sum(lengths) / max(len(lengths), 1), "steps": len(lengths),
             "committed": sum(lengths), "histogram": histogram,
             # steps that verified no drafts: skipped under the confidence threshold, or at max_length
             "steps_without_drafts": sum(n == 0 for n in drafts),
+            # drafts verified per step: the chain's block, the tree's nodes, what "auto" chose ({drafts: steps})
+            "drafts_per_step": sum(drafts) / max(len(drafts), 1),
+            "draft_lengths": {str(n): drafts.count(n) for n in sorted(set(drafts))},
             "plain_seconds": plain_s, "dflash_seconds": dflash_s,
             "plain_new_tokens": plain_tokens, "dflash_new_tokens": dflash_tokens,
             "tokens_per_s_plain": plain_tokens / plain_s, "tokens_per_s_dflash": dflash_tokens / dflash_s,
@@ -437,9 +543,14 @@ def _profile(records, method: str) -> dict:
 
 
 # --- outputs ------------------------------------------------------------------------------------------------------
+def _tree_label(tree) -> str:
+    return "chain" if tree == 0 else str(tree)
+
+
 def to_markdown(results: dict) -> str:
     names = [b for b in results["settings"]["baselines"] if b != "plain"]
-    head = ["set", "batch", "mode", "block", "tau", "tok/s plain", "tok/s dflash", "speedup", "identical"]
+    head = ["set", "batch", "mode", "block", "tree", "tau", "drafts/step", "tok/s plain", "tok/s dflash", "speedup",
+            "identical"]
     head += [f"tok/s {n}" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in results["runs"]:
@@ -447,20 +558,42 @@ def to_markdown(results: dict) -> str:
         identical = "-" if s["identical"] is None else ("yes" if s["identical"] else
                                                         f"{s['identical_rows']}/{s['rows']} (first diff at "
                                                         f"{', '.join(map(str, s['first_differences']))})")
-        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], f"{s['tau']:.2f}",
-                 f"{s['tokens_per_s_plain']:.1f}", f"{s['tokens_per_s_dflash']:.1f}", f"{s['speedup']:.2f}x", identical]
+        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], _tree_label(run["tree_size"]),
+                 f"{s['tau']:.2f}", f"{s['drafts_per_step']:.1f}", f"{s['tokens_per_s_plain']:.1f}", f"{s['tokens_per_s_dflash']:.1f}", f"{s['speedup']:.2f}x", identical]
         for n in names:
             b = run["baselines"].get(n, {})
             cells.append(f"{b['tokens_per_s']:.1f}" + ("" if b["identical"] else " (differs)")
                          if "tokens_per_s" in b else "-")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    head = ["set", "batch", "mode", "block", "plain: target fwd", "plain: other", "dflash: target verify",
+    auto = [run for run in results["runs"] if run["tree_size"] == "auto"]
+    if auto:
+        lines += ["", 'What draft_tree_size="auto" verified (drafts per step: steps):', ""]
+        lines += [f"- {run['set']}, batch {run['batch_size']}, {run['mode']}, block {run['block_size']}: "
+                  + ", ".join(f"{n}: {c}" for n, c in run["summary"]["draft_lengths"].items()) for run in auto]
+    if any("oracle" in run for run in results["runs"]):
+        lines += ["", "Oracle: always-right drafts (the target's own greedy continuation, placed after the real "
+                  "drafter ran); ceiling = tokens committed per step x t(1) / t(tokens verified per step), forwards "
+                  "timed in the same run:", ""]
+        head = ["set", "batch", "block", "tree", "tau", "wrong drafts", "resyncs", "t(1) ms", "t(verified) ms",
+                "speedup", "ceiling", "speedup / ceiling"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for run in results["runs"]:
+            o = run["oracle"]
+            verified = {k: v for k, v in o["forward_seconds"].items() if k != "1"} or o["forward_seconds"]
+            cells = [run["set"], run["batch_size"], run["block_size"], _tree_label(run["tree_size"]),
+                     f"{run['summary']['tau']:.2f}", o["wrong_steps"], o["resyncs"],
+                     f"{1000 * o['forward_seconds']['1']:.1f}",
+                     ", ".join(f"{1000 * v:.1f} ({k})" for k, v in verified.items()),
+                     f"{o['speedup']:.2f}x", f"{o['ceiling']:.2f}x", f"{o['ratio']:.2f}"]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    head = ["set", "batch", "mode", "block", "tree", "plain: target fwd", "plain: other", "dflash: target verify",
             "dflash: drafter layers", "dflash: drafter lm_head + block", "dflash: other"]
     lines += ["", "Where the time goes, ms per step (one target forward after the prefill):", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in results["runs"]:
         plain, dflash = run["profile"]["plain"], run["profile"]["dflash"]
-        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], plain["target_steps_ms"],
+        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], _tree_label(run["tree_size"]),
+                 plain["target_steps_ms"],
                  plain["other_ms"], dflash["target_steps_ms"], dflash["drafter_layers_ms"], dflash["drafter_head_ms"],
                  dflash["other_ms"]]
         lines.append("| " + " | ".join(str(c) if isinstance(c, (str, int)) else f"{c:.1f}" for c in cells) + " |")
@@ -476,7 +609,8 @@ def plot(results: dict, path) -> Path:
     import matplotlib.pyplot as plt
 
     runs = results["runs"]
-    labels = [f"{r['set']}\nbatch {r['batch_size']}\n{r['mode']}\nblock {r['block_size']}" for r in runs]
+    labels = [f"{r['set']}\nbatch {r['batch_size']}\n{r['mode']}\nblock {r['block_size']}\n"
+              f"tree {_tree_label(r['tree_size'])}" for r in runs]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(runs) + 3), 4))
     ax1.bar(labels, [r["summary"]["speedup"] for r in runs], color="tab:blue")
     ax1.axhline(1.0, color="grey", linestyle="--", linewidth=1)

@@ -33,14 +33,14 @@ SHIPPED_DRAFTER = next(
 )
 
 
-def _load_target(name: str, dtype: str = "float32"):
+def _load_target(name: str, dtype: str = "float32", device=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .devices import resolve_dtype
     from .packaged import resolve_model_path
 
     path = resolve_model_path(name)
-    target = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype)).eval()
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -155,6 +155,11 @@ def push_cmd(args) -> int:
     return 0
 
 
+def _tree_size(value: str):
+    """A --draft-tree-sizes value: a whole number (0: the chain) or "auto"."""
+    return value if value == "auto" else int(value)
+
+
 def bench_cmd(args) -> int:
     import torch
     from transformers import AutoModel
@@ -162,29 +167,49 @@ def bench_cmd(args) -> int:
     import hf_dflash
 
     from .bench import benchmark, load_prompt_set, write_outputs
+    from .devices import resolve_dtype
 
     torch.set_num_threads(args.threads)
-    prompt_sets = {name: load_prompt_set(name, args.num_prompts, args.bench_dir) for name in args.sets}
-    target, tokenizer = _load_target(args.target, args.dtype)
-    if args.drafter:
-        drafter, note = AutoModel.from_pretrained(args.drafter, dtype=target.dtype), None
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.random_target:
+        from .oracle import build_random_models, random_prompts
+
+        block = max(args.block_sizes or [16])
+        target, drafter = build_random_models(args.random_target, device, resolve_dtype(args.dtype, device),
+                                              block_size=block, num_draft_layers=args.draft_layers, seed=args.seed)
+        tokenizer = None
+        vocab = target.config.get_text_config().vocab_size
+        prompt_sets = {"random": random_prompts(args.num_prompts, args.prompt_tokens, vocab, seed=args.seed)}
+        source = f"random {args.random_target}"
+        note = (f"RANDOM target ({args.random_target}) and drafter ({drafter.config.num_hidden_layers} layers, block "
+                f"{block}): random drafts accept almost nothing, so this measures the loop (with --oracle), not a "
+                f"drafter; prompts are {args.prompt_tokens} random token ids.")
     else:
-        torch.manual_seed(args.seed)
-        drafter = hf_dflash.DFlashDraftModel.from_target(target, 1, 8, tokenizer=tokenizer)
-        note = ("UNTRAINED drafter (random weights, 1 layer, block 8): it accepts almost no drafts, so DFlash is "
-                "slower than plain generate here; these numbers measure overhead, not a trained drafter.")
+        prompt_sets = {name: load_prompt_set(name, args.num_prompts, args.bench_dir) for name in args.sets}
+        target, tokenizer = _load_target(args.target, args.dtype, device)
+        target.to(device)
+        source = args.target
+        if args.drafter:
+            drafter, note = AutoModel.from_pretrained(args.drafter, dtype=target.dtype).to(device), None
+        else:
+            torch.manual_seed(args.seed)
+            drafter = hf_dflash.DFlashDraftModel.from_target(target, 1, 8, tokenizer=tokenizer)
+            note = ("UNTRAINED drafter (random weights, 1 layer, block 8): it accepts almost no drafts, so DFlash is "
+                    "slower than plain generate here; these numbers measure overhead, not a trained drafter.")
     drafter.eval()
-    print(f"target: {args.target} | drafter: {args.drafter or 'untrained, random'} | block size {drafter.block_size} "
-          f"| torch threads {args.threads} | sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
+    print(f"target: {source} | drafter: {args.drafter or 'untrained, random'} | block size {drafter.block_size} "
+          f"| {str(target.dtype).replace('torch.', '')} on {device} | torch threads {args.threads} "
+          f"| sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
     if note:
         print("NOTE: " + note)
     results = benchmark(
         target, drafter, tokenizer, prompt_sets, block_sizes=args.block_sizes, batch_sizes=args.batch_sizes,
         modes=args.modes, temperature=args.temperature, max_new_tokens=args.max_new_tokens, baselines=args.baselines,
         threads=args.threads, warmup=args.warmup, seed=args.seed, drafter_note=note,
-        assistant_confidence_threshold=args.assistant_confidence_threshold,
+        assistant_confidence_threshold=args.assistant_confidence_threshold, draft_tree_sizes=args.draft_tree_sizes,
+        oracle=args.oracle,
     )
-    results["target"], results["drafter"]["source"] = args.target, args.drafter or "untrained (random)"
+    results["target"], results["drafter"]["source"] = source, args.drafter or "untrained (random)"
     paths = write_outputs(results, args.output_dir, make_plot=not args.no_plot)
     print("\n" + results["markdown"])
     exact = target.dtype in (torch.float32, torch.float64)  # in bfloat16 a near-tie may flip: reported, not an error
@@ -193,8 +218,12 @@ def bench_cmd(args) -> int:
         print(f"{'ERROR' if exact else 'note'}: DFlash output differs from plain greedy generate on {run['set']} "
               f"batch {run['batch_size']} block {run['block_size']} in {run['summary']['rows'] - run['summary']['identical_rows']} "
               f"of {run['summary']['rows']} rows", file=sys.stderr)
+    wrong = [run for run in results["runs"] if run.get("oracle", {}).get("wrong_steps")]
+    for run in wrong:  # a near-tie in bfloat16; in float32 the oracle's drafts are the target's own choices
+        print(f"{'ERROR' if exact else 'note'}: the target rejected {run['oracle']['wrong_steps']} oracle drafts on "
+              f"{run['set']} batch {run['batch_size']} block {run['block_size']}", file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 1 if differs and exact else 0
+    return 1 if (differs or wrong) and exact else 0
 
 
 def _add_training_args(parser) -> None:
@@ -287,6 +316,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="untimed prompt batches per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", help=_DTYPE_HELP)
+    p.add_argument("--device", help="cuda, cuda:1, cpu, ... (default: cuda if available, else cpu)")
+    p.add_argument("--draft-tree-sizes", type=_tree_size, nargs="+", metavar="N",
+                   help="draft_tree_size of the DFlash runs, each its own run: 0 (the chain), N drafts, auto "
+                        "(default: the drafter's own)")
+    p.add_argument("--oracle", action="store_true",
+                   help="always-right drafts (the target's greedy continuation, placed after the real drafter ran): "
+                        "the loop's speedup against the ceiling B x t(1) / t(B) measured in the same run")
+    p.add_argument("--random-target", metavar="CONFIG",
+                   help="a random-weight target instead of --target: a config.json path or a named shape "
+                        "(qwen3-8b, smollm2-135m, tiny), with a matching random drafter and random prompts; "
+                        "meant for --oracle")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length of --random-target's prompts")
+    p.add_argument("--draft-layers", type=int,
+                   help="layers of --random-target's drafter (default: the shape's, 5 for qwen3-8b, else 1)")
     p.add_argument("--output-dir", default="bench_out")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     p.set_defaults(func=bench_cmd)

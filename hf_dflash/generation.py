@@ -153,6 +153,7 @@ def dflash_decode(
     assistant_confidence_threshold: float | None = None,
     draft_tree_size: int | str | None = None,
     streamer=None,
+    decoder_class=None,
     **model_kwargs,
 ):
     """The decoding loop, called by `GenerationMixin.generate` as a `custom_generate` callable.
@@ -160,7 +161,9 @@ def dflash_decode(
     Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
     longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
     every committed position. With `draft_tree_size`, a tree of drafts instead of a chain. `num_assistant_tokens`,
-    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`.
+    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`. `decoder_class`: a callable building the
+    loop's state instead of `_Decoder`, with its arguments (the oracle benchmark, `hf_dflash.oracle`, drafts
+    through a subclass); the loop itself stays this one.
     """
     target = model
     attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
@@ -176,7 +179,7 @@ def dflash_decode(
     for unsupported in ("output_attentions", "output_hidden_states"):
         if getattr(generation_config, unsupported, False):
             logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
-    state = _Decoder(
+    state = (decoder_class or _Decoder)(
         target, drafter, num_assistant_tokens, assistant_confidence_threshold, draft_tree_size, generation_config,
         logits_processor, stopping_criteria, streamer, input_ids,
     )

@@ -91,7 +91,7 @@ def test_outputs_written(results, tmp_path):
     assert saved["machine"]["cpu_count"] and saved["machine"]["transformers"] and saved["machine"]["date"]
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = results["markdown"].splitlines()
-    assert lines[0].startswith("| set | batch | mode | block | tau | tok/s plain | tok/s dflash | speedup")
+    assert lines[0].startswith("| set | batch | mode | block | tree | tau | drafts/step | tok/s plain | tok/s dflash")
     assert "tok/s native" in lines[0] and lines[2 + len(results["runs"])] == ""
     assert sum(line.startswith("| toy |") for line in lines) == 2 * len(results["runs"])  # results + profile
 
@@ -151,3 +151,127 @@ def test_first_difference_and_dtype_choice():
     assert resolve_dtype("float64") == torch.float64
     with pytest.raises(ValueError, match="use auto, float32"):
         resolve_dtype("float33")
+
+
+# --- draft trees and the oracle -----------------------------------------------------------------------------------
+def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path))  # "auto" measures forward costs once, kept here
+    target, drafter, tokenizer, prompts = setup
+    results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), draft_tree_sizes=[0, 5, "auto"],
+                        max_new_tokens=8, baselines=("plain", "prompt_lookup"), warmup=0, progress=False)
+    assert results["settings"]["draft_tree_sizes"] == [0, 5, "auto"]
+    assert [(r["batch_size"], r["tree_size"]) for r in results["runs"]] == [
+        (b, t) for b in (1, 2) for t in (0, 5, "auto")]
+    for run in results["runs"]:
+        s = run["summary"]
+        assert s["identical"] is True  # greedy stays token-identical to plain generate with every tree size
+        drafts = [n for r in run["prompts"] for row in r["draft_lengths"] for n in row]
+        assert s["draft_lengths"] == {str(n): drafts.count(n) for n in set(drafts)}
+        assert s["drafts_per_step"] == sum(drafts) / len(drafts)
+        if run["tree_size"] == 5:
+            assert max(drafts) == 5  # the tree's nodes, more than the chain's 3
+    first, tree = results["runs"][0], results["runs"][1]
+    assert "tokens_per_s" in first["baselines"]["prompt_lookup"]  # baselines: in the first tree size's run only
+    assert tree["baselines"]["prompt_lookup"] == {"skipped": "measured in the draft_tree_size=0 run"}
+    lines = results["markdown"].splitlines()
+    assert "| toy | 1 | greedy | 4 | chain |" in results["markdown"] and "| toy | 2 | greedy | 4 | auto |" in results["markdown"]
+    auto = [line for line in lines if line.startswith("- toy, batch")]
+    assert len(auto) == 2 and all(": " in line for line in auto)  # what "auto" chose, per run
+
+
+def _oracle_checks(run):
+    """Every draft right: each step but a row's last (cut by max_length) commits the block."""
+    o, s = run["oracle"], run["summary"]
+    for record in run["prompts"]:
+        for row in record["acceptance_lengths"]:
+            assert all(n == run["block_size"] for n in row[:-1]), row
+    assert o["speedup"] == s["speedup"] and o["ratio"] == pytest.approx(o["speedup"] / o["ceiling"])
+    t = {int(k): v for k, v in o["forward_seconds"].items()}
+    verified = run["block_size"] if run["tree_size"] == 0 else run["tree_size"] + 1
+    assert set(t) == {1, verified} and all(v > 0 for v in t.values())
+    assert o["ceiling"] == pytest.approx(min(run["block_size"], verified) * t[1] / t[verified])
+    assert o["context"] == round(sum(r["prompt_len"] for r in run["prompts"]) / len(run["prompts"]))
+
+
+def test_oracle_drafts_are_all_right(setup):
+    target, drafter, tokenizer, prompts = setup
+    results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), block_sizes=[4, 3],
+                        draft_tree_sizes=[0, 6], max_new_tokens=10, baselines=("plain",), warmup=0, progress=False,
+                        oracle=True, oracle_repeats=1)
+    assert results["settings"]["oracle"] is True and len(results["runs"]) == 8
+    for run in results["runs"]:
+        assert run["oracle"]["wrong_steps"] == run["oracle"]["resyncs"] == 0
+        assert run["summary"]["identical"] is True
+        _oracle_checks(run)
+        for record in run["prompts"]:
+            assert record["dflash"]["phases"]["paused"] == 0
+    lines = results["markdown"].splitlines()
+    at = lines.index("| set | batch | block | tree | tau | wrong drafts | resyncs | t(1) ms | t(verified) ms | speedup "
+                     "| ceiling | speedup / ceiling |")
+    assert all(line.startswith("| toy |") for line in lines[at + 2 : at + 10])
+    with pytest.raises(ValueError, match="greedy"):
+        benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
+
+
+def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkeypatch):
+    """As a bfloat16 near-tie would: the precomputed continuation of row 0 is wrong at new token 5, so that draft is
+    rejected, the committed text leaves the continuation, and the oracle recomputes it (untimed) from there."""
+    from hf_dflash.oracle import OracleDrafts
+
+    from_plain = OracleDrafts.from_plain.__func__
+
+    def diverging(cls, *args, **kwargs):
+        drafts = from_plain(cls, *args, **kwargs)
+        drafts.continuation[0, 5] = (drafts.continuation[0, 5] + 1) % (target.config.vocab_size - 1)
+        return drafts
+
+    target, drafter, tokenizer, prompts = setup
+    monkeypatch.setattr(OracleDrafts, "from_plain", classmethod(diverging))
+    results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(2,), block_sizes=[4],
+                        max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True,
+                        oracle_repeats=1)
+    run = results["runs"][0]
+    assert run["summary"]["identical"] is True  # the target still decides: output unchanged
+    assert run["oracle"]["wrong_steps"] == run["oracle"]["resyncs"] == 2  # row 0 of both batches
+    for record in run["prompts"]:
+        assert record["oracle"]["resyncs"] == [6]  # 1 (prefill) + 4 (block) + 1 (the rejected draft)
+        assert record["acceptance_lengths"][0] == [4, 1, 4]  # all right again after the recomputation
+        phases = record["dflash"]["phases"]
+        assert phases["paused"] >= record["oracle"]["resync_seconds"] > 0
+        # the recomputation's forwards are not the loop's: prefill + one verification per step
+        assert phases["target_forwards"] == 1 + max(map(len, record["acceptance_lengths"]))
+
+
+def test_ceiling():
+    from hf_dflash.oracle import ceiling
+
+    assert ceiling({1: 1.0, 4: 2.0}, 4, [4]) == 2.0  # B x t(1) / t(B)
+    assert ceiling({1: 1.0, 9: 3.0}, 4, [9]) == 4 / 3  # a tree of 8: the block's right chain, 9 tokens verified
+    assert ceiling({1: 1.0, 3: 2.0}, 8, [1, 3]) == 4 / 3  # "auto": 1 + 3 tokens committed in 1 + 2 seconds
+
+
+def test_random_target_oracle_from_the_command_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}
+    (tmp_path / "tiny.json").write_text(json.dumps(config))
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_DFLASH_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "hf_dflash", "bench", "--random-target", str(tmp_path / "tiny.json"), "--oracle",
+         "--num-prompts", "1", "--max-new-tokens", "8", "--block-sizes", "4", "--draft-tree-sizes", "0", "5",
+         "--prompt-tokens", "12", "--dtype", "float32", "--device", "cpu", "--baselines", "plain", "--no-plot",
+         "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "bench_results.json").read_text())
+    assert results["target"] == f"random {tmp_path / 'tiny.json'}" and results["settings"]["device"] == "cpu"
+    assert [r["tree_size"] for r in results["runs"]] == [0, 5]
+    for run in results["runs"]:
+        assert run["set"] == "random" and run["prompts"][0]["prompt_tokens"] == 12
+        assert run["oracle"]["wrong_steps"] == 0
+        _oracle_checks(run)
+    assert "speedup / ceiling" in (tmp_path / "out" / "bench.md").read_text()

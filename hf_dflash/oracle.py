@@ -1,0 +1,268 @@
+"""The oracle benchmark: how close the decoding loop gets to what the hardware allows.
+
+With always-right drafts a step commits a whole block, so the best speedup over plain `generate` a block of B tokens
+can give is the ceiling B x t(1) / t(B), t(k) being the target's forward over k new tokens after a cache of the
+prompt's length. The loop reaches less: the drafter's forward, the verification's bookkeeping, the cache updates.
+`OracleDecoder` runs the real loop with the real drafter, then replaces its drafts with the target's own greedy
+continuation (`OracleDrafts`, precomputed by the plain `generate` run the benchmark makes anyway), so the measured
+speedup over the ceiling is the loop's efficiency. `hf_dflash.bench.benchmark(..., oracle=True)` measures both in
+the same run.
+
+In bfloat16 a verification over B tokens may round a near-tie differently from one-token forwards, so the committed
+text can leave the precomputed continuation; the oracle then recomputes the continuation from the committed text,
+inside a pause of the benchmark's timer, so that time is not the loop's.
+
+Random targets (`build_random_models`): a named shape (`RANDOM_SHAPES`) or a config file built with random weights on
+any device, with a matching random drafter, so the measurement runs on a GPU without downloading weights.
+"""
+
+import contextlib
+import functools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from .cost_model import measure_forward_costs
+from .generation import _Decoder, dflash_decode
+from .hooks import original_generate
+
+# Shapes of public models (their config.json dims), for random targets; `draft_layers`: the drafter they get by
+# default (z-lab's Qwen3-8B drafter has 5 layers).
+RANDOM_SHAPES = {
+    "qwen3-8b": dict(
+        model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1e6, max_position_embeddings=40960,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, draft_layers=5,
+    ),
+    "smollm2-135m": dict(
+        model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=49152, rope_theta=1e5, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, draft_layers=2,
+    ),
+    # for smoke tests: a few milliseconds per forward on a CPU
+    "tiny": dict(
+        model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=256, rope_theta=1e6, max_position_embeddings=1024,
+        tie_word_embeddings=False, draft_layers=1,
+    ),
+}
+
+
+# --- always-right drafts --------------------------------------------------------------------------------------------
+class OracleDrafts:
+    """The target's greedy continuation of each batch row, and the bookkeeping of one oracle `generate` call.
+
+    `continuation` [batch, W]: each row's plain greedy new tokens (W = max_new_tokens; pad after a stop);
+    `prompt_mask` [batch, prompt_len] (None: no padding). `pause`: a context manager factory the caller's timer
+    provides; recomputing a continuation runs inside it. Counted: `wrong_steps` (verifications that rejected a
+    draft the oracle placed), `resyncs` (the generated length at each recomputation) and `resync_seconds`.
+    """
+
+    def __init__(self, continuation: torch.LongTensor, prompt_mask=None, pad_token_id: int = 0, pause=None):
+        self.continuation = continuation.clone()
+        self.prompt_mask = prompt_mask
+        self.pad_token_id = pad_token_id
+        self.pause = pause or contextlib.nullcontext
+        self.wrong_steps = 0
+        self.resyncs: list[int] = []
+        self.resync_seconds = 0.0
+
+    @classmethod
+    def from_plain(cls, sequences, prompt_len: int, max_new_tokens: int, prompt_mask=None, pad_token_id: int = 0):
+        """From plain `generate`'s output sequences [batch, prompt_len + n] (n <= max_new_tokens: every row stopped)."""
+        new = sequences[:, prompt_len : prompt_len + max_new_tokens]
+        filler = new.new_full((new.shape[0], max_new_tokens - new.shape[1]), pad_token_id)
+        return cls(torch.cat([new, filler], dim=1), prompt_mask, pad_token_id)
+
+    def drafts(self, decoder: _Decoder, count: int) -> torch.LongTensor:
+        """The next `count` tokens of each live row's greedy continuation [rows, count] (pad past its end),
+        recomputed first for rows whose committed text left it."""
+        rows, start = decoder.rows, decoder.prompt_len
+        width = self.continuation.shape[1]
+        generated = decoder.lengths[rows] - start  # [rows]
+        committed = decoder.sequences[rows, start : start + width]  # [rows, W]
+        written = torch.arange(width, device=committed.device) < generated[:, None]
+        left = ((committed != self.continuation[rows]) & written).any(-1)  # [rows]
+        for r in rows[left].tolist():
+            self._resync(decoder, r)
+        padded = torch.cat([self.continuation[rows], self.continuation.new_full((rows.numel(), count), self.pad_token_id)], 1)
+        index = generated[:, None] + torch.arange(count, device=generated.device)  # [rows, count]
+        return padded.gather(1, index)
+
+    def _resync(self, decoder: _Decoder, row: int) -> None:
+        """Batch row `row`'s continuation recomputed from its committed text by plain greedy `generate` (the same
+        call that precomputed it), in a pause of the caller's timer."""
+        target, start = decoder.target, decoder.prompt_len
+        length = int(decoder.lengths[row])
+        with self.pause():
+            began = _now(target.device)
+            ids = decoder.sequences[row : row + 1, :length]
+            mask = torch.ones_like(ids)
+            if self.prompt_mask is not None:
+                mask[:, :start] = self.prompt_mask[row : row + 1]
+            width = self.continuation.shape[1]
+            out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=width - (length - start),
+                                  do_sample=False, pad_token_id=self.pad_token_id)
+            new = out[0, start : start + width]
+            self.continuation[row] = self.pad_token_id
+            self.continuation[row, : new.shape[0]] = new
+            self.resync_seconds += _now(target.device) - began
+        self.resyncs.append(length - start)
+
+    def count_wrong(self, decoder: _Decoder, tree, kept: torch.LongTensor) -> None:
+        """After a verification: count the rows that rejected one of the oracle's drafts. The oracle's drafts are the
+        tree's leading slots that form a chain (slot s at depth s: all of a chain; the always-sure first path of a
+        tree, see `OracleDecoder.drafter_candidates`); a row rejected one if it kept fewer than them, unless
+        `max_length` cut it."""
+        slots = torch.arange(1, tree.tokens.shape[1], device=tree.depths.device)
+        on_chain = (tree.depths[:, 1:] == slots).long().cumprod(-1).sum(-1)  # [rows]
+        cut = decoder.lengths[decoder.rows] + kept >= decoder.config.max_length
+        self.wrong_steps += int(((kept - 1 < on_chain.to(kept.device)) & ~cut).sum())
+
+    def record(self) -> dict:
+        return {"wrong_steps": self.wrong_steps, "resyncs": list(self.resyncs), "resync_seconds": self.resync_seconds}
+
+
+class OracleDecoder(_Decoder):
+    """`_Decoder` whose drafts are the target's own greedy continuation, placed after the real drafter ran (its cost
+    stays in the loop)."""
+
+    def __init__(self, *args, oracle: OracleDrafts, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.oracle = oracle
+
+    def drafter_propose(self, newest, verify_len):
+        drafts, confidence = super().drafter_propose(newest, verify_len)
+        right = self.oracle.drafts(self, verify_len - 1).to(drafts.device)
+        # sure of every draft: a confidence threshold never skips a step
+        return right, None if confidence is None else torch.ones_like(confidence)
+
+    def drafter_candidates(self, newest, verify_len, k):
+        """The drafter's candidates with the right token at rank 0 of every position, probability 1 (swapped with
+        its rank if the drafter had it: siblings must stay distinct). The best-first tree then starts with the whole
+        right chain, as deep as its budget allows, and spends the rest on the drafter's runners-up: the oracle
+        measures what verifying them costs."""
+        ids, probs = super().drafter_candidates(newest, verify_len, k)  # [rows, D, k]
+        right = self.oracle.drafts(self, verify_len - 1).to(ids.device)  # [rows, D]
+        ids, probs = ids.clone(), probs.clone()
+        rank = (ids == right[..., None]).long().argmax(-1, keepdim=True)  # 0 where the drafter lacks it
+        ids.scatter_(-1, rank, ids[..., :1].clone())  # the old first candidate moves to the right token's rank
+        ids[..., 0] = right
+        probs[..., 0] = 1.0
+        return ids, probs
+
+    def verify(self, logits, tree):
+        tokens, kept, scores, path = super().verify(logits, tree)
+        self.oracle.count_wrong(self, tree, kept)
+        return tokens, kept, scores, path
+
+
+def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draft_tree_size=None,
+                    assistant_confidence_threshold=None, **kwargs):
+    """`target.generate(**inputs, assistant_model=drafter, ...)` with the oracle's drafts: the same loop
+    (`dflash_decode`), state built by `OracleDecoder`."""
+    decode = functools.partial(
+        dflash_decode, drafter=drafter, draft_tree_size=draft_tree_size,
+        assistant_confidence_threshold=assistant_confidence_threshold,
+        decoder_class=functools.partial(OracleDecoder, oracle=oracle),
+    )
+    return original_generate(target, **inputs, custom_generate=decode, **kwargs)
+
+
+# --- the ceiling --------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int = 5, tree: bool = False) -> dict:
+    """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
+    verifies: with hidden states and logits at every position; a chain with the causal mask (no padding), a tree
+    (`tree=True`) with a tree attention mask (`hf_dflash.cost_model.measure_forward_costs`). Median of `repeats`
+    after one warm-up, on the target's device and dtype; random token ids."""
+    sizes = sorted(set(sizes))
+    if tree:
+        costs = measure_forward_costs(target, batch_size=batch_size, sizes=sizes, context=context, repeats=repeats)
+        return dict(zip(costs.tokens, costs.seconds))
+    device = target.device
+    generator = torch.Generator().manual_seed(0)
+    vocab = target.config.get_text_config().vocab_size
+    ids = torch.randint(vocab, (batch_size, context + max(sizes)), generator=generator).to(device)
+    cache = DynamicCache(config=target.config)
+    cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
+    target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+    seconds = {}
+    for k in sizes:
+        positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
+        runs = []
+        for _ in range(repeats + 1):
+            began = _now(device)
+            target(input_ids=ids[:, context : context + k], position_ids=positions, cache=cache, use_cache=True,
+                   output_hidden_states=True)
+            runs.append(_now(device) - began)
+            cache.crop(-k)
+        seconds[k] = statistics.median(runs[1:])
+    return seconds
+
+
+def ceiling(seconds: dict, block_size: int, verified: list[int]) -> float:
+    """The speedup over plain decoding with always-right drafts: tokens committed per second over plain's 1 / t(1).
+    `verified`: the tokens each step verifies (the newest + drafts); a step commits min(block_size, verified), its
+    right chain plus the target's token. For one block of B tokens: B x t(1) / t(B)."""
+    committed = sum(min(block_size, v) for v in verified)
+    return committed * seconds[1] / sum(seconds[v] for v in verified)
+
+
+def _now(device) -> float:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+# --- random targets -----------------------------------------------------------------------------------------------
+def random_target_config(spec: str):
+    """A transformers config from a named shape (`RANDOM_SHAPES`), a config.json path or a folder holding one;
+    returns (config, default drafter layers)."""
+    from transformers import AutoConfig
+
+    if spec in RANDOM_SHAPES:
+        values = dict(RANDOM_SHAPES[spec])
+    else:
+        path = Path(spec)
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"--random-target {spec!r}: not a named shape ({', '.join(RANDOM_SHAPES)}) nor a config.json file."
+            )
+        values = json.loads(path.read_text())
+    layers = values.pop("draft_layers", 1)
+    return AutoConfig.for_model(values.pop("model_type"), **values), layers
+
+
+def build_random_models(spec: str, device, dtype, block_size: int = 16, num_draft_layers: int | None = None,
+                        seed: int = 0):
+    """(target, drafter) with random weights: the target from `random_target_config(spec)`, the drafter from
+    `DFlashDraftModel.from_target` (the shape's drafter layers unless `num_draft_layers`), both built directly on
+    `device` in `dtype` (an 8B model never passes through CPU memory). No stop token: every row generates
+    max_new_tokens. The drafter's mask token is the last embedding row."""
+    from transformers import AutoModelForCausalLM
+
+    from .modeling import DFlashDraftModel
+
+    config, layers = random_target_config(spec)
+    config.eos_token_id, config.pad_token_id = None, 0
+    torch.manual_seed(seed)
+    with torch.device(device):
+        target = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        target.generation_config.eos_token_id, target.generation_config.pad_token_id = None, 0
+        drafter = DFlashDraftModel.from_target(
+            target, num_hidden_layers=num_draft_layers or layers, block_size=block_size,
+            mask_token_id=config.vocab_size - 1,
+        ).eval()
+    return target, drafter
+
+
+def random_prompts(num_prompts: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of `length` random token ids, none the pad (0) or the drafter's mask token (the last id)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab_size - 1, (num_prompts, length), generator=generator).tolist()
