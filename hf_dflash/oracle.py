@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import DynamicCache
 
-from .cost_model import measure_forward_costs
 from .generation import _Decoder, dflash_decode
 from .hooks import original_generate
+from .tree import DraftTree, tree_attention_mask
 
 # Shapes of public models (their config.json dims), for random targets; `draft_layers`: the drafter they get by
 # default (z-lab's Qwen3-8B drafter has 5 layers).
@@ -175,15 +175,14 @@ def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draf
 
 # --- the ceiling --------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int = 5, tree: bool = False) -> dict:
+def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int = 10, tree: bool = False) -> dict:
     """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
-    verifies: with hidden states and logits at every position; a chain with the causal mask (no padding), a tree
-    (`tree=True`) with a tree attention mask (`hf_dflash.cost_model.measure_forward_costs`). Median of `repeats`
-    after one warm-up, on the target's device and dtype; random token ids."""
+    verifies: hidden states and logits at every position; a chain with the causal mask (no padding), a tree
+    (`tree=True`) with a tree attention mask of k slots (`hf_dflash.tree.tree_attention_mask`, whose cost depends on
+    its size, not its shape). The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift
+    (another job, clocks) reaches all of them alike; the median of each. On the target's device and dtype; random
+    token ids."""
     sizes = sorted(set(sizes))
-    if tree:
-        costs = measure_forward_costs(target, batch_size=batch_size, sizes=sizes, context=context, repeats=repeats)
-        return dict(zip(costs.tokens, costs.seconds))
     device = target.device
     generator = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size
@@ -191,18 +190,21 @@ def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int
     cache = DynamicCache(config=target.config)
     cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
     target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
-    seconds = {}
+    valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
+    inputs = {}
     for k in sizes:
+        chain = DraftTree.chain(ids[:, context : context + k])
+        mask = tree_attention_mask(chain, valid, cache, target.dtype) if tree and k > 1 else None
         positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
-        runs = []
-        for _ in range(repeats + 1):
+        inputs[k] = dict(input_ids=chain.tokens, attention_mask=mask, position_ids=positions)
+    runs = {k: [] for k in sizes}
+    for _ in range(repeats + 1):
+        for k in sizes:
             began = _now(device)
-            target(input_ids=ids[:, context : context + k], position_ids=positions, cache=cache, use_cache=True,
-                   output_hidden_states=True)
-            runs.append(_now(device) - began)
+            target(**inputs[k], cache=cache, use_cache=True, output_hidden_states=True)
+            runs[k].append(_now(device) - began)
             cache.crop(-k)
-        seconds[k] = statistics.median(runs[1:])
-    return seconds
+    return {k: statistics.median(times[1:]) for k, times in runs.items()}
 
 
 def ceiling(seconds: dict, block_size: int, verified: list[int]) -> float:

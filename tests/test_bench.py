@@ -185,7 +185,10 @@ def _oracle_checks(run):
     for record in run["prompts"]:
         for row in record["acceptance_lengths"]:
             assert all(n == run["block_size"] for n in row[:-1]), row
-    assert o["speedup"] == s["speedup"] and o["ratio"] == pytest.approx(o["speedup"] / o["ceiling"])
+    assert o["speedup"] == s["speedup"] and o["ratio_with_prefill"] == pytest.approx(o["speedup"] / o["ceiling"])
+    prefill = {m: sum(r[m]["phases"]["target_prefill"] for r in run["prompts"]) for m in ("plain", "dflash")}
+    decode = (s["plain_seconds"] - prefill["plain"]) / (s["dflash_seconds"] - prefill["dflash"])
+    assert o["decode_speedup"] == pytest.approx(decode) and o["ratio"] == pytest.approx(decode / o["ceiling"])
     t = {int(k): v for k, v in o["forward_seconds"].items()}
     verified = run["block_size"] if run["tree_size"] == 0 else run["tree_size"] + 1
     assert set(t) == {1, verified} and all(v > 0 for v in t.values())
@@ -207,7 +210,7 @@ def test_oracle_drafts_are_all_right(setup):
             assert record["dflash"]["phases"]["paused"] == 0
     lines = results["markdown"].splitlines()
     at = lines.index("| set | batch | block | tree | tau | wrong drafts | resyncs | t(1) ms | t(verified) ms | speedup "
-                     "| ceiling | speedup / ceiling |")
+                     "| decode speedup | ceiling | decode speedup / ceiling |")
     assert all(line.startswith("| toy |") for line in lines[at + 2 : at + 10])
     with pytest.raises(ValueError, match="greedy"):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
@@ -274,4 +277,4 @@ def test_random_target_oracle_from_the_command_line(tmp_path):
         assert run["set"] == "random" and run["prompts"][0]["prompt_tokens"] == 12
         assert run["oracle"]["wrong_steps"] == 0
         _oracle_checks(run)
-    assert "speedup / ceiling" in (tmp_path / "out" / "bench.md").read_text()
+    assert "decode speedup / ceiling" in (tmp_path / "out" / "bench.md").read_text()
