@@ -10,6 +10,7 @@ chain; `oracle=True` measures the loop against its ceiling with always-right dra
 import contextlib
 import copy
 import datetime
+import functools
 import gzip
 import importlib.util
 import json
@@ -381,10 +382,11 @@ def benchmark(
                 drafts = None
                 if oracle:
                     drafts = OracleDrafts.from_plain(plain, prompt_len, max_new_tokens, inputs.get("attention_mask"),
-                                                     pad_id)
-                    call = lambda: oracle_generate(target, drafters[block], drafts, inputs, **dflash_kwargs)  # noqa: E731
+                                                     pad_id, stop_ids)
+                    call = functools.partial(oracle_generate, target, drafters[block], drafts, inputs, **dflash_kwargs)
                 else:
-                    call = lambda: target.generate(**inputs, **dflash_kwargs, assistant_model=drafters[block])  # noqa: E731
+                    call = functools.partial(target.generate, **inputs, **dflash_kwargs,
+                                             assistant_model=drafters[block])
                 out, dflash_s, dflash_phases = _profiled(call, target, drafters[block], drafts)
                 plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
                 dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
@@ -562,7 +564,8 @@ def to_markdown(results: dict) -> str:
                                                         f"{s['identical_rows']}/{s['rows']} (first diff at "
                                                         f"{', '.join(map(str, s['first_differences']))})")
         cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], _tree_label(run["tree_size"]),
-                 f"{s['tau']:.2f}", f"{s['drafts_per_step']:.1f}", f"{s['tokens_per_s_plain']:.1f}", f"{s['tokens_per_s_dflash']:.1f}", f"{s['speedup']:.2f}x", identical]
+                 f"{s['tau']:.2f}", f"{s['drafts_per_step']:.1f}", f"{s['tokens_per_s_plain']:.1f}",
+                 f"{s['tokens_per_s_dflash']:.1f}", f"{s['speedup']:.2f}x", identical]
         for n in names:
             b = run["baselines"].get(n, {})
             cells.append(f"{b['tokens_per_s']:.1f}" + ("" if b["identical"] else " (differs)")

@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--oracle-repeats", type=int, default=10,
                    help="timed rounds of the target's forwards for the oracle's ceiling (median)")
     p.add_argument("--random-target", metavar="CONFIG",
-                   help="a random-weight target instead of --target: a config.json path or a named shape "
+                   help="a random-weight target instead of --target and --sets: a config.json path or a named shape "
                         "(qwen3-8b, smollm2-135m, tiny), with a matching random drafter and random prompts; "
                         "meant for --oracle")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length of --random-target's prompts")

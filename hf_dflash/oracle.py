@@ -57,26 +57,39 @@ class OracleDrafts:
     """The target's greedy continuation of each batch row, and the bookkeeping of one oracle `generate` call.
 
     `continuation` [batch, W]: each row's plain greedy new tokens (W = max_new_tokens; pad after a stop);
-    `prompt_mask` [batch, prompt_len] (None: no padding). `pause`: a context manager factory the caller's timer
+    `prompt_mask` [batch, prompt_len] (None: no padding); `stop_ids`: the stop tokens (a row's continuation ends
+    at the first, and tokens past it are no drafts). `pause`: a context manager factory the caller's timer
     provides; recomputing a continuation runs inside it. Counted: `wrong_steps` (verifications that rejected a
     draft the oracle placed), `resyncs` (the generated length at each recomputation) and `resync_seconds`.
     """
 
-    def __init__(self, continuation: torch.LongTensor, prompt_mask=None, pad_token_id: int = 0, pause=None):
+    def __init__(self, continuation: torch.LongTensor, prompt_mask=None, pad_token_id: int = 0, stop_ids=(),
+                 pause=None):
         self.continuation = continuation.clone()
         self.prompt_mask = prompt_mask
         self.pad_token_id = pad_token_id
+        self.stop_ids = torch.tensor(list(stop_ids), dtype=torch.long, device=continuation.device)
+        self.ends = self._ends(self.continuation)  # [batch]
+        self.placed = None  # [rows]: the oracle's drafts in this step (fewer past a row's stop)
         self.pause = pause or contextlib.nullcontext
         self.wrong_steps = 0
         self.resyncs: list[int] = []
         self.resync_seconds = 0.0
 
     @classmethod
-    def from_plain(cls, sequences, prompt_len: int, max_new_tokens: int, prompt_mask=None, pad_token_id: int = 0):
+    def from_plain(cls, sequences, prompt_len: int, max_new_tokens: int, prompt_mask=None, pad_token_id: int = 0,
+                   stop_ids=()):
         """From plain `generate`'s output sequences [batch, prompt_len + n] (n <= max_new_tokens: every row stopped)."""
         new = sequences[:, prompt_len : prompt_len + max_new_tokens]
         filler = new.new_full((new.shape[0], max_new_tokens - new.shape[1]), pad_token_id)
-        return cls(torch.cat([new, filler], dim=1), prompt_mask, pad_token_id)
+        return cls(torch.cat([new, filler], dim=1), prompt_mask, pad_token_id, stop_ids)
+
+    def _ends(self, continuation: torch.LongTensor) -> torch.LongTensor:
+        """Each row's continuation length up to and including its first stop token (W without one) [rows]."""
+        width = continuation.shape[1]
+        stops = torch.isin(continuation, self.stop_ids)
+        first = torch.where(stops, torch.arange(width, device=stops.device), width).min(-1).values
+        return torch.clamp(first + 1, max=width)
 
     def drafts(self, decoder: _Decoder, count: int) -> torch.LongTensor:
         """The next `count` tokens of each live row's greedy continuation [rows, count] (pad past its end),
@@ -89,8 +102,10 @@ class OracleDrafts:
         left = ((committed != self.continuation[rows]) & written).any(-1)  # [rows]
         for r in rows[left].tolist():
             self._resync(decoder, r)
-        padded = torch.cat([self.continuation[rows], self.continuation.new_full((rows.numel(), count), self.pad_token_id)], 1)
+        beyond = self.continuation.new_full((rows.numel(), count), self.pad_token_id)  # drafts past the end
+        padded = torch.cat([self.continuation[rows], beyond], dim=1)  # [rows, W + count]
         index = generated[:, None] + torch.arange(count, device=generated.device)  # [rows, count]
+        self.placed = (self.ends[rows] - generated).clamp(0, count)
         return padded.gather(1, index)
 
     def _resync(self, decoder: _Decoder, row: int) -> None:
@@ -110,18 +125,22 @@ class OracleDrafts:
             new = out[0, start : start + width]
             self.continuation[row] = self.pad_token_id
             self.continuation[row, : new.shape[0]] = new
+            self.ends[row] = self._ends(self.continuation[row : row + 1])[0]
             self.resync_seconds += _now(target.device) - began
         self.resyncs.append(length - start)
 
     def count_wrong(self, decoder: _Decoder, tree, kept: torch.LongTensor) -> None:
         """After a verification: count the rows that rejected one of the oracle's drafts. The oracle's drafts are the
         tree's leading slots that form a chain (slot s at depth s: all of a chain; the always-sure first path of a
-        tree, see `OracleDecoder.drafter_candidates`); a row rejected one if it kept fewer than them, unless
-        `max_length` cut it."""
+        tree, see `OracleDecoder.drafter_candidates`) up to the row's stop token; a row rejected one if it kept
+        fewer than them, unless `max_length` cut it."""
+        if tree.num_drafts == 0:  # the prefill, or a step without drafts: nothing placed
+            return
         slots = torch.arange(1, tree.tokens.shape[1], device=tree.depths.device)
         on_chain = (tree.depths[:, 1:] == slots).long().cumprod(-1).sum(-1)  # [rows]
+        placed = torch.minimum(on_chain.to(kept.device), self.placed.to(kept.device))
         cut = decoder.lengths[decoder.rows] + kept >= decoder.config.max_length
-        self.wrong_steps += int(((kept - 1 < on_chain.to(kept.device)) & ~cut).sum())
+        self.wrong_steps += int(((kept - 1 < placed) & ~cut).sum())
 
     def record(self) -> dict:
         return {"wrong_steps": self.wrong_steps, "resyncs": list(self.resyncs), "resync_seconds": self.resync_seconds}

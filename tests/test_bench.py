@@ -157,7 +157,8 @@ def test_first_difference_and_dtype_choice():
 def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path))  # "auto" measures forward costs once, kept here
     target, drafter, tokenizer, prompts = setup
-    results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), draft_tree_sizes=[0, 5, "auto"],
+    results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2),
+                        draft_tree_sizes=[0, 5, "auto"],
                         max_new_tokens=8, baselines=("plain", "prompt_lookup"), warmup=0, progress=False)
     assert results["settings"]["draft_tree_sizes"] == [0, 5, "auto"]
     assert [(r["batch_size"], r["tree_size"]) for r in results["runs"]] == [
@@ -174,7 +175,8 @@ def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
     assert "tokens_per_s" in first["baselines"]["prompt_lookup"]  # baselines: in the first tree size's run only
     assert tree["baselines"]["prompt_lookup"] == {"skipped": "measured in the draft_tree_size=0 run"}
     lines = results["markdown"].splitlines()
-    assert "| toy | 1 | greedy | 4 | chain |" in results["markdown"] and "| toy | 2 | greedy | 4 | auto |" in results["markdown"]
+    assert "| toy | 1 | greedy | 4 | chain |" in results["markdown"]
+    assert "| toy | 2 | greedy | 4 | auto |" in results["markdown"]
     auto = [line for line in lines if line.startswith("- toy, batch")]
     assert len(auto) == 2 and all(": " in line for line in auto)  # what "auto" chose, per run
 
@@ -243,6 +245,24 @@ def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkey
         assert phases["paused"] >= record["oracle"]["resync_seconds"] > 0
         # the recomputation's forwards are not the loop's: prefill + one verification per step
         assert phases["target_forwards"] == 1 + max(map(len, record["acceptance_lengths"]))
+
+
+def test_oracle_drafts_end_at_a_stop_token(setup, monkeypatch):
+    """Past a row's stop token its continuation is padding, no drafts: the target's tokens there are never
+    committed, and no draft counts as wrong."""
+    target, drafter, tokenizer, prompts = setup
+    encoded = tokenizer.apply_chat_template(prompts[0].messages, add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)
+    new = target.generate(**encoded, max_new_tokens=3, do_sample=False)[0, -3:].tolist()
+    assert new[2] not in new[:2]  # the stop lands inside the first verified block of 4
+    monkeypatch.setattr(target.generation_config, "eos_token_id", new[2])
+    results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), block_sizes=[4],
+                        max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True,
+                        oracle_repeats=1)
+    for run in results["runs"]:
+        assert run["summary"]["identical"] is True and run["oracle"]["wrong_steps"] == 0
+    # the prefill's token, then one step: the second new token and the third, the stop
+    assert results["runs"][0]["prompts"][0]["acceptance_lengths"] == [[2]]
 
 
 def test_ceiling():
