@@ -67,13 +67,18 @@ def demo(args) -> int:
         drafter, trained = hf_dflash.DFlashDraftModel.from_target(target, 1, args.block_size, tokenizer=tokenizer), False
     drafter.eval()
     print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
-          f"| block size {drafter.block_size} | confidence threshold "
-          f"{drafter.assistant_confidence_threshold} | {str(target.dtype).replace('torch.', '')} | torch threads "
+          f"| block size {drafter.block_size} | draft tree {drafter.draft_tree_size or 'none (chain)'} | confidence "
+          f"threshold {drafter.assistant_confidence_threshold} | {str(target.dtype).replace('torch.', '')} | torch threads "
           f"{args.threads}")
     if not trained:
         print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
               "target's, but it accepts almost no drafts, so it is slower than plain generate. Train one with "
               "`hf-dflash train`.")
+    # Untimed warm-up of both paths: first calls allocate, and draft_tree_size="auto" measures the target's forward
+    # costs once (a few seconds, then cached on disk).
+    warm = chat_inputs(tokenizer, [{"role": "user", "content": "Hi"}])
+    target.generate(**warm, max_new_tokens=8, do_sample=False)
+    target.generate(**warm, max_new_tokens=8, do_sample=False, assistant_model=drafter)
     total_plain = total_fast = 0.0
     committed = steps = 0
     for prompt in DEMO_PROMPTS[: args.num_prompts]:
