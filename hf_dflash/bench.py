@@ -305,7 +305,8 @@ def benchmark(
     (B x t(1) / t(B) for a chain; `oracle_repeats` timings of each size) and their ratio."""
     from tqdm.auto import tqdm
 
-    from .oracle import OracleDrafts, ceiling, oracle_generate, time_forwards
+    from .cost_model import time_forwards
+    from .oracle import OracleDrafts, ceiling, oracle_generate
 
     unknown = set(baselines) - set(BASELINES)
     if unknown:

@@ -72,8 +72,20 @@ def measure_forward_costs(
 ) -> ForwardCosts:
     """Time the target's forward over k new tokens (k in `sizes`) after a `context`-token cache, as the decoding loop
     verifies a tree of k - 1 drafts (a tree attention mask, hidden states, logits at every position), on the
-    target's device and dtype: the median of `repeats` runs after one warm-up. Random token ids; a few seconds for a
-    small model on a CPU."""
+    target's device and dtype (`time_forwards`). Random token ids; a few seconds for a small model on a CPU."""
+    seconds = time_forwards(target, sizes, context, batch_size=batch_size, repeats=repeats, tree=True)
+    return ForwardCosts(tuple(sorted(seconds)), tuple(seconds[k] for k in sorted(seconds)))
+
+
+@torch.no_grad()
+def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int = 10, tree: bool = False) -> dict:
+    """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
+    verifies: hidden states and logits at every position; a chain with the causal mask (no padding), a tree
+    (`tree=True`) with a tree attention mask of k slots (`hf_dflash.tree.tree_attention_mask`, whose cost depends on
+    its size, not its shape). The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift
+    (another job, clocks) reaches all of them alike; the median of each. On the target's device and dtype; random
+    token ids."""
+    sizes = sorted(set(sizes))
     device = target.device
     generator = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size
@@ -82,24 +94,20 @@ def measure_forward_costs(
     cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
     target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
     valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
-    seconds = []
+    inputs = {}
     for k in sizes:
-        chain = DraftTree.chain(ids[:, context : context + k])  # the mask's cost depends on its size, not its shape
-        mask = None if k == 1 else tree_attention_mask(chain, valid, cache, target.dtype)
+        chain = DraftTree.chain(ids[:, context : context + k])
+        mask = tree_attention_mask(chain, valid, cache, target.dtype) if tree and k > 1 else None
         positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
-        runs = []
-        for _ in range(repeats + 1):
-            _synchronize(device)
-            start = time.perf_counter()
-            target(
-                input_ids=chain.tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                output_hidden_states=True,
-            )
-            _synchronize(device)
-            runs.append(time.perf_counter() - start)
+        inputs[k] = dict(input_ids=chain.tokens, attention_mask=mask, position_ids=positions)
+    runs = {k: [] for k in sizes}
+    for _ in range(repeats + 1):
+        for k in sizes:
+            began = now(device)
+            target(**inputs[k], cache=cache, use_cache=True, output_hidden_states=True)
+            runs[k].append(now(device) - began)
             cache.crop(-k)
-        seconds.append(statistics.median(runs[1:]))
-    return ForwardCosts(tuple(sizes), tuple(seconds))
+    return {k: statistics.median(times[1:]) for k, times in runs.items()}
 
 
 def load_forward_costs(target, batch_size: int = 1, refresh: bool = False, **measure_kwargs) -> ForwardCosts:
@@ -150,6 +158,8 @@ def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
     }
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
+def now(device) -> float:
+    """time.perf_counter() once the device has finished its queued work."""
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+    return time.perf_counter()

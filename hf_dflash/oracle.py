@@ -19,16 +19,13 @@ any device, with a matching random drafter, so the measurement runs on a GPU wit
 import contextlib
 import functools
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
-from transformers.cache_utils import DynamicCache
 
+from .cost_model import now
 from .generation import _Decoder, dflash_decode
 from .hooks import original_generate
-from .tree import DraftTree, tree_attention_mask
 
 # Shapes of public models (their config.json dims), for random targets; `draft_layers`: the drafter they get by
 # default (z-lab's Qwen3-8B drafter has 5 layers).
@@ -114,7 +111,7 @@ class OracleDrafts:
         target, start = decoder.target, decoder.prompt_len
         length = int(decoder.lengths[row])
         with self.pause():
-            began = _now(target.device)
+            began = now(target.device)
             ids = decoder.sequences[row : row + 1, :length]
             mask = torch.ones_like(ids)
             if self.prompt_mask is not None:
@@ -126,7 +123,7 @@ class OracleDrafts:
             self.continuation[row] = self.pad_token_id
             self.continuation[row, : new.shape[0]] = new
             self.ends[row] = self._ends(self.continuation[row : row + 1])[0]
-            self.resync_seconds += _now(target.device) - began
+            self.resync_seconds += now(target.device) - began
         self.resyncs.append(length - start)
 
     def count_wrong(self, decoder: _Decoder, tree, kept: torch.LongTensor) -> None:
@@ -193,51 +190,12 @@ def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draf
 
 
 # --- the ceiling --------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int = 10, tree: bool = False) -> dict:
-    """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
-    verifies: hidden states and logits at every position; a chain with the causal mask (no padding), a tree
-    (`tree=True`) with a tree attention mask of k slots (`hf_dflash.tree.tree_attention_mask`, whose cost depends on
-    its size, not its shape). The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift
-    (another job, clocks) reaches all of them alike; the median of each. On the target's device and dtype; random
-    token ids."""
-    sizes = sorted(set(sizes))
-    device = target.device
-    generator = torch.Generator().manual_seed(0)
-    vocab = target.config.get_text_config().vocab_size
-    ids = torch.randint(vocab, (batch_size, context + max(sizes)), generator=generator).to(device)
-    cache = DynamicCache(config=target.config)
-    cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
-    target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
-    valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
-    inputs = {}
-    for k in sizes:
-        chain = DraftTree.chain(ids[:, context : context + k])
-        mask = tree_attention_mask(chain, valid, cache, target.dtype) if tree and k > 1 else None
-        positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
-        inputs[k] = dict(input_ids=chain.tokens, attention_mask=mask, position_ids=positions)
-    runs = {k: [] for k in sizes}
-    for _ in range(repeats + 1):
-        for k in sizes:
-            began = _now(device)
-            target(**inputs[k], cache=cache, use_cache=True, output_hidden_states=True)
-            runs[k].append(_now(device) - began)
-            cache.crop(-k)
-    return {k: statistics.median(times[1:]) for k, times in runs.items()}
-
-
 def ceiling(seconds: dict, block_size: int, verified: list[int]) -> float:
     """The speedup over plain decoding with always-right drafts: tokens committed per second over plain's 1 / t(1).
     `verified`: the tokens each step verifies (the newest + drafts); a step commits min(block_size, verified), its
     right chain plus the target's token. For one block of B tokens: B x t(1) / t(B)."""
     committed = sum(min(block_size, v) for v in verified)
     return committed * seconds[1] / sum(seconds[v] for v in verified)
-
-
-def _now(device) -> float:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 # --- random targets -----------------------------------------------------------------------------------------------
