@@ -17,6 +17,13 @@ RESULTS = "bench_results.json"
 REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")
 
 
+def _draft_tree(size) -> str:
+    if size == "auto":
+        return ('"auto" (hf-dflash extension: a tree of drafts sized per step from the target\'s forward costs measured '
+                "on your machine; other readers verify the chain)")
+    return f"{size} nodes (hf-dflash extension)" if size else "none: the chain of argmax drafts"
+
+
 def render_model_card(config: dict, repo_id: str | None = None, training: dict | None = None,
                       results: dict | None = None, num_parameters: int | None = None,
                       license: str = "apache-2.0") -> ModelCard:
@@ -48,6 +55,7 @@ def render_model_card(config: dict, repo_id: str | None = None, training: dict |
                      "other readers ignore it and draft over the full vocabulary)") if block.get("draft_vocab_size")
         else f"the full vocabulary ({config.get('vocab_size', '?'):,} tokens)",
         num_parameters=f"{num_parameters:,}" if num_parameters else "see model.safetensors",
+        draft_tree=_draft_tree(block.get("draft_tree_size")),
         training_text=_table(training) if training else "Not recorded.",
         results_text=_results(results) if results else "Not measured yet.",
     )
