@@ -68,8 +68,8 @@ def demo(args) -> int:
     drafter.eval()
     print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
           f"| block size {drafter.block_size} | draft tree {drafter.draft_tree_size or 'none (chain)'} | confidence "
-          f"threshold {drafter.assistant_confidence_threshold} | {str(target.dtype).replace('torch.', '')} | torch threads "
-          f"{args.threads}")
+          f"threshold {drafter.assistant_confidence_threshold} | {str(target.dtype).replace('torch.', '')} "
+          f"| torch threads {args.threads}")
     if not trained:
         print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
               "target's, but it accepts almost no drafts, so it is slower than plain generate. Train one with "
@@ -96,8 +96,9 @@ def demo(args) -> int:
         committed, steps = committed + sum(accepted), steps + len(accepted)
         answer = tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
         same, start = torch.equal(plain, out.sequences), inputs["input_ids"].shape[1]
+        where = first_difference(plain[0, start:].tolist(), out.sequences[0, start:].tolist())
         note = "" if same or exact else (
-            f" (first difference at new token {first_difference(plain[0, start:].tolist(), out.sequences[0, start:].tolist())}:"
+            f" (first difference at new token {where}:"
             " in bfloat16 a block forward may round a near-tie differently from one-token forwards; float32 is exact)")
         print(f"\n> {prompt}\n{answer.strip()}\n[acceptance length {sum(accepted) / max(len(accepted), 1):.2f} "
               f"over {len(accepted)} target forwards; identical to plain generate: {same}{note}]")
@@ -220,9 +221,10 @@ def bench_cmd(args) -> int:
     exact = target.dtype in (torch.float32, torch.float64)  # in bfloat16 a near-tie may flip: reported, not an error
     differs = [run for run in results["runs"] if run["summary"]["identical"] is False]
     for run in differs:
+        s = run["summary"]
         print(f"{'ERROR' if exact else 'note'}: DFlash output differs from plain greedy generate on {run['set']} "
-              f"batch {run['batch_size']} block {run['block_size']} in {run['summary']['rows'] - run['summary']['identical_rows']} "
-              f"of {run['summary']['rows']} rows", file=sys.stderr)
+              f"batch {run['batch_size']} block {run['block_size']} in {s['rows'] - s['identical_rows']} of "
+              f"{s['rows']} rows", file=sys.stderr)
     wrong = [run for run in results["runs"] if run.get("oracle", {}).get("wrong_steps")]
     for run in wrong:  # a near-tie in bfloat16; in float32 the oracle's drafts are the target's own choices
         print(f"{'ERROR' if exact else 'note'}: the target rejected {run['oracle']['wrong_steps']} oracle drafts on "

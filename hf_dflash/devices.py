@@ -7,7 +7,9 @@ def native_bf16(device: str | torch.device | None = None) -> bool:
     """Whether `device` (default: CUDA if present, else the CPU) computes bfloat16 natively: a CUDA GPU with bf16, or a
     CPU with AVX512-BF16 or AMX. There a bfloat16 forward over 8-16 tokens costs little more than over one (as on a
     GPU), so DFlash's blocks are cheap to verify; elsewhere bfloat16 is emulated and slower than float32."""
-    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":

@@ -29,7 +29,8 @@ def setup(tmp_path):
 def regenerate(setup, tmp_path, prompts=None, max_new_tokens=7, **kwargs):
     target, tokenizer, all_prompts = setup
     return prepare_data(
-        target, tokenizer, all_prompts if prompts is None else prompts, tmp_path / "data.jsonl", max_new_tokens=max_new_tokens,
+        target, tokenizer, all_prompts if prompts is None else prompts, tmp_path / "data.jsonl",
+        max_new_tokens=max_new_tokens,
         batch_size=3, save_features=tmp_path / "store", target_layer_ids=LAYERS, target_topk=4, **kwargs,
     )
 

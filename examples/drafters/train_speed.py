@@ -18,8 +18,8 @@ from pathlib import Path
 
 TARGET = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # the shipped drafter's shape: 2 layers, block 8, 2 sequences x 32 anchors per step
-BASE = ["--num-layers", "2", "--target-layer-ids", "1", "14", "27", "--block-size", "8", "--num-anchors", "32", "--batch-size", "2", "--max-length", "512",
-        "--logging-steps", "10", "--save-steps", "100000", "--seed", "0"]
+BASE = ["--num-layers", "2", "--target-layer-ids", "1", "14", "27", "--block-size", "8", "--num-anchors", "32",
+        "--batch-size", "2", "--max-length", "512", "--logging-steps", "10", "--save-steps", "100000", "--seed", "0"]
 CONFIGS = {  # name: (extra flags, torch threads, processes)
     "before: --cache-features, fp32, full-vocabulary loss, 1 thread": (["--cache-features", "--no-bf16"], 1, 1),
     "--features STORE (instead of --cache-features)": (["--features", "{store}", "--no-bf16"], 1, 1),

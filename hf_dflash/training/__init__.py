@@ -11,7 +11,15 @@
 from .batches import build_batch, flex_training_mask, sample_anchors, training_mask
 from .config import FIELD_HELP, LOSSES, TrainingConfig
 from .features import target_features
-from .losses import LossHead, chunked_loss, chunked_slot_losses, default_gamma, dpace_weights, drafter_loss, slot_weights
+from .losses import (
+    LossHead,
+    chunked_loss,
+    chunked_slot_losses,
+    default_gamma,
+    dpace_weights,
+    drafter_loss,
+    slot_weights,
+)
 from .loop import load_drafter_weights, train
 from .store import FeatureCapture, FeatureStore, StoreMismatch
 
