@@ -20,6 +20,7 @@ from transformers import (
 import hf_dflash
 from hf_dflash import DFlashDraftModel
 from hf_dflash.generation import _Decoder
+from transformers.generation.streamers import BaseStreamer
 
 # Tiny models gain nothing from threads, and OpenMP threads spinning on a shared 2-core machine slow small ops 100x.
 torch.set_num_threads(1)
@@ -177,3 +178,16 @@ def make_tokenizer(vocab_size: int = VOCAB):
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", mask_token="<mask>", padding_side="left"
     )
+
+
+class Recorder(BaseStreamer):
+    """A streamer that keeps every chunk `put` gives it and counts `end` calls."""
+
+    def __init__(self):
+        self.chunks, self.ends = [], 0
+
+    def put(self, value):
+        self.chunks.append(value.clone())
+
+    def end(self):
+        self.ends += 1

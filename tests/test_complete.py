@@ -14,10 +14,9 @@ from transformers import (
     TextIteratorStreamer,
     TextStreamer,
 )
-from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
-from conftest import ForwardCounter, left_padded, make_drafter, make_target, make_tokenizer
+from conftest import ForwardCounter, Recorder, left_padded, make_drafter, make_target, make_tokenizer
 
 NEW = 20
 
@@ -173,17 +172,6 @@ def test_max_length_from_the_generation_config(target, prompts, oracle):
 
 
 # --- streamers -----------------------------------------------------------------------------------------------
-
-
-class Recorder(BaseStreamer):
-    def __init__(self):
-        self.chunks, self.ends = [], 0
-
-    def put(self, value):
-        self.chunks.append(value.clone())
-
-    def end(self):
-        self.ends += 1
 
 
 def test_streamer_gets_one_chunk_per_committed_block(target, oracle):

@@ -10,10 +10,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 from transformers import GenerationConfig
-from transformers.generation.streamers import BaseStreamer
 
 from conftest import (
-    ARCHITECTURES, MASK, PAD, ForwardCounter, left_padded, make_drafter, make_target, make_tokenizer,
+    ARCHITECTURES, MASK, PAD, ForwardCounter, Recorder, left_padded, make_drafter, make_target, make_tokenizer,
 )
 from hf_dflash import DFlashDraftModel
 from hf_dflash.generation import _Decoder
@@ -333,17 +332,6 @@ def test_eos_and_stop_strings_inside_an_accepted_path(tree_oracle):
     out = greedy(target, ids, mask, drafter, draft_tree_size=7, return_dict_in_generate=True, **kwargs)
     assert torch.equal(out.sequences, plain)
     assert out.acceptance_lengths[0][0] == 4 and sum(out.acceptance_lengths[0]) < 19  # cut inside a path
-
-
-class Recorder(BaseStreamer):
-    def __init__(self):
-        self.chunks, self.ends = [], 0
-
-    def put(self, value):
-        self.chunks.append(value.clone())
-
-    def end(self):
-        self.ends += 1
 
 
 def test_streamer_gets_each_accepted_path(tree_oracle):
