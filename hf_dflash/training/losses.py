@@ -19,6 +19,8 @@ import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .batches import flex_training_mask, training_mask
+
 # gamma of the slot weights exp(-(k - 1) / gamma), from the recipe: later slots are accepted less often.
 _GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
 
@@ -137,8 +139,6 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config, s
     wrapper when distributed), `drafter` the unwrapped model. `head`: the loss head (default: the target's whole
     head). `target_topk`: (ids [b, T, K], probs [b, T, K]) of the target's next-token distribution at each
     position, for the `lk` loss."""
-    from .batches import flex_training_mask, training_mask
-
     B = config.block_size
     b, NB = batch["block_ids"].shape
     N = NB // B
