@@ -10,7 +10,8 @@ committed tokens per second,
     (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + drafting time),
 
 where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
-if the drafter is calibrated) and n = 0 is a one-token step.
+if the drafter is calibrated; `DepthCalibration` corrects them per depth by what the call has seen so far) and n = 0
+is a one-token step.
 """
 
 import hashlib
@@ -64,6 +65,32 @@ def choose_tree_size(scores: torch.Tensor, costs: ForwardCosts, draft_seconds: f
         if rate > best_rate:
             best, best_rate = n, rate
     return best
+
+
+class DepthCalibration:
+    """How far the drafter's path probabilities come true, per depth, over one `generate` call.
+
+    A node's score is the chance the target accepts it only if the drafter is calibrated; a drafter trained on little
+    data is overconfident deep in the block. At depth d the tree's scores sum to the expected chance that the
+    accepted path reaches depth d; after each verification that sum and whether the path reached d are added up, and
+    `__call__` scales each node's score by observed / predicted at its depth (both start at `prior`, so the first
+    steps trust the drafter)."""
+
+    def __init__(self, max_depth: int, prior: float = 1.0):
+        self.predicted = torch.full((max_depth + 1,), prior, dtype=torch.float64)
+        self.observed = self.predicted.clone()
+
+    def update(self, tree: DraftTree, accepted: torch.LongTensor) -> None:
+        """`tree`: a verified tree with scores; `accepted` [rows]: the drafts each row accepted."""
+        depths = tree.depths[:, 1:].flatten().cpu()
+        self.predicted.index_add_(0, depths, tree.scores.flatten().cpu().double())
+        reached = torch.arange(1, int(depths.max()) + 1) <= accepted.cpu()[:, None]  # [rows, D]
+        self.observed[1 : reached.shape[1] + 1] += reached.sum(0)
+
+    def __call__(self, tree: DraftTree) -> torch.Tensor:
+        """The tree's scores [rows, N], each scaled by its depth's observed / predicted (at most 1)."""
+        factor = (self.observed / self.predicted).to(tree.scores.device)
+        return (tree.scores * factor[tree.depths[:, 1:]]).clamp(max=1.0)
 
 
 @torch.no_grad()

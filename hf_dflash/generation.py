@@ -21,8 +21,10 @@ import torch
 from torch.nn import functional as F
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 from transformers.generation import (
+    EosTokenCriteria,
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    MaxLengthCriteria,
     MinPLogitsWarper,
     StopStringCriteria,
     StoppingCriteriaList,
@@ -34,7 +36,7 @@ from transformers.generation import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .cost_model import choose_tree_size, load_forward_costs
+from .cost_model import DepthCalibration, choose_tree_size, load_forward_costs
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
 from .tree import DraftTree, build_tree, gather_path, tree_attention_mask
@@ -200,7 +202,7 @@ def dflash_decode(
         positions = state.next_pos[:, None] + tree.depths
         out = state.target_forward(tree.tokens, state.verify_mask(tree), positions)
         tokens, kept, scores, path = state.verify(out.logits, tree)  # kept: accepted drafts + the target's token
-        state.record(state.commit(tokens, kept, scores), tree.num_drafts)
+        state.record(state.commit(tokens, kept, scores), tree, kept)
         state.keep_path(state.features(out), path, kept)
         state.next_pos = state.next_pos + kept
         state.drop_finished()
@@ -250,6 +252,9 @@ class _Decoder:
         self.keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         self.raw_logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+        self.eos_ids, self.max_length = _simple_stops(stopping_criteria, device)
+        if self.keep_scores or self.keep_logits:
+            self.eos_ids = None  # scores are kept token by token
 
         self.cache = DynamicCache(config=target.config)
         self.cache.activate_past_recording()  # sliding-window layers must be able to roll back rejected slots
@@ -258,11 +263,12 @@ class _Decoder:
         self.draft_pos = torch.zeros(batch, 0, dtype=torch.long, device=drafter.device)
         self.head = target.get_output_embeddings()
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
-        self.tree_size, self.costs, self.draft_seconds = 0, None, None
+        self.tree_size, self.costs, self.draft_seconds, self.calibration = 0, None, None, None
         if tree_size and _tree_supported(target):
             if tree_size == "auto":
                 self.costs = load_forward_costs(target, batch_size=batch)
                 tree_size = self.costs.max_tokens - 1  # the largest verification the curve covers
+                self.calibration = DepthCalibration(self.block_size - 1)
             self.tree_size = tree_size
             draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].shape[0]
             self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
@@ -320,7 +326,7 @@ class _Decoder:
         # the drafter's time per step (forward, head, tree; `build_tree` waits for the device), smoothed
         elapsed = time.perf_counter() - start
         self.draft_seconds = elapsed if self.draft_seconds is None else 0.8 * self.draft_seconds + 0.2 * elapsed
-        num_drafts = choose_tree_size(tree.scores, self.costs, self.draft_seconds)
+        num_drafts = choose_tree_size(self.calibration(tree), self.costs, self.draft_seconds)
         return tree.first(num_drafts) if num_drafts else None
 
     def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> tuple:
@@ -381,6 +387,8 @@ class _Decoder:
         `logits` [rows, T, vocab], one per tree slot. Returns tokens [rows, L], kept [rows], the processed scores
         [rows, L, vocab] (filled where computed) and path [rows, L]: the slot whose logits gave each token (the
         root, then the accepted nodes); L = the tree's depth + 1."""
+        if not self.config.do_sample and all(isinstance(p, _POSITION_FREE) for p in self.processors):
+            return self._verify_greedy(logits, tree)
         rows, _, vocab = logits.shape
         length = int(tree.depths.max()) + 1
         tokens = tree.tokens.new_zeros(rows, length)
@@ -408,6 +416,38 @@ class _Decoder:
                 found = child.any(-1)
                 live = live[found]
                 path[live, j + 1] = child[found].long().argmax(-1)
+        return tokens, kept, scores, path
+
+    def _verify_greedy(self, logits: torch.Tensor, tree: DraftTree):
+        """`verify` when every slot's choice is its own argmax (greedy, processors that ignore the ids): all slots
+        chosen at once, then the walk down the tree on the host (a few dozen slots: cheaper than a device op per
+        depth). The same outputs as the walk in `verify`, except `scores`: None when `commit` does not read them."""
+        rows, slots, vocab = logits.shape
+        scores = logits
+        if self.processors:
+            scores = self.process(logits.reshape(rows * slots, vocab), tree.tokens[:, :0], None).view(logits.shape)
+        # `max` rather than `argmax`: the same first index of the maximum (the float32 upcast of `generate` is
+        # exact), about 3x faster on a CPU
+        choices, parents, tokens = (t.tolist() for t in (scores.max(-1).indices, tree.parents, tree.tokens))
+        paths = []
+        for choice, parent, token in zip(choices, parents, tokens):
+            path = [0]  # from the root: on to the child that drafted the target's choice, while there is one
+            for slot in range(1, slots):  # parents come before their children
+                if parent[slot] == path[-1] and token[slot] == choice[path[-1]]:
+                    path.append(slot)
+            paths.append(path)
+        length = int(tree.depths.max()) + 1
+        device = logits.device
+        kept = torch.tensor([len(path) for path in paths], device=device)
+        kept = torch.minimum(kept, self.config.max_length - self.lengths[self.rows])  # never past max_length
+        path = torch.tensor([p + [0] * (length - len(p)) for p in paths], device=device)  # [rows, L]
+        tokens = torch.tensor([[c[slot] for slot in p] for c, p in zip(choices, path.tolist())], device=device)
+        if self.eos_ids is not None:  # `_commit_at_once` reads no scores
+            return tokens, kept, None, path
+        index = path[..., None].expand(-1, -1, vocab)
+        if self.keep_logits:
+            self._raw = logits.gather(1, index).float()
+        scores = scores.gather(1, index).float()  # a float32 copy, as `process` makes
         return tokens, kept, scores, path
 
     def keep_path(self, features: torch.Tensor, path: torch.LongTensor, kept: torch.LongTensor) -> None:
@@ -449,7 +489,7 @@ class _Decoder:
 
     def choose(self, scores: torch.Tensor) -> torch.LongTensor:
         if not self.config.do_sample:
-            return scores.argmax(-1)
+            return scores.max(-1).indices  # the first maximum, like argmax (faster on a CPU)
         # A greedy draft is a point-mass proposal: sampling the target at each position and accepting while the
         # sample equals the draft is exact speculative sampling.
         return torch.multinomial(F.softmax(scores, dim=-1), 1).squeeze(-1)
@@ -458,6 +498,8 @@ class _Decoder:
         """Append each row's first `kept` tokens one by one, checking the stopping criteria after each; return how
         many each row committed."""
         kept = torch.minimum(kept, self.config.max_length - self.lengths[self.rows])
+        if self.eos_ids is not None:
+            return self._commit_at_once(tokens, kept)
         committed = torch.zeros_like(kept)
         done = torch.zeros_like(kept, dtype=torch.bool)
         for j in range(int(kept.max())):
@@ -478,10 +520,29 @@ class _Decoder:
         self._stream(committed)
         return committed
 
-    def record(self, committed: torch.LongTensor, num_drafts: int) -> None:
+    def _commit_at_once(self, tokens: torch.LongTensor, kept: torch.LongTensor) -> torch.LongTensor:
+        """`commit` when the only stopping criteria are the max length and EOS tokens (`self.eos_ids`) and no scores
+        are kept: each row's tokens up to its first EOS go in at once."""
+        width = tokens.shape[1]
+        offsets = torch.arange(width, device=tokens.device)
+        eos = torch.isin(tokens, self.eos_ids) & (offsets < kept[:, None])  # [rows, L]
+        stopped = eos.any(-1)
+        committed = torch.where(stopped, eos.long().argmax(-1) + 1, kept)  # up to and with the first EOS
+        take = offsets < committed[:, None]
+        rows = self.rows[:, None].expand(-1, width)
+        self.sequences[rows[take], (self.lengths[self.rows, None] + offsets)[take]] = tokens[take]
+        self.lengths[self.rows] += committed
+        self.finished[self.rows] |= stopped | (self.lengths[self.rows] >= self.max_length)
+        self._stream(committed)
+        return committed
+
+    def record(self, committed: torch.LongTensor, tree: DraftTree, kept: torch.LongTensor) -> None:
+        """Per row: the tokens a step committed, the drafts it verified; "auto" learns from the accepted drafts."""
         for r, n in zip(self.rows.tolist(), committed.tolist()):
             self.acceptance_lengths[r].append(n)
-            self.draft_lengths[r].append(num_drafts)
+            self.draft_lengths[r].append(tree.num_drafts)
+        if self.calibration is not None and tree.scores is not None and tree.num_drafts:
+            self.calibration.update(tree, kept - 1)
 
     def _stopped(self, rows: torch.LongTensor, scores: torch.Tensor) -> torch.BoolTensor:
         """Stopping criteria for `rows` at their current lengths. Like the processors, the criteria see the whole
@@ -540,6 +601,17 @@ class _Decoder:
         vocab = next(len(t) for r in per_row for t in r)
         filler = torch.full((vocab,), float("-inf"), device=self.sequences.device)
         return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
+
+
+def _simple_stops(criteria, device) -> tuple:
+    """(EOS ids, max length) when the stopping criteria are only transformers' own max length and EOS criteria, so a
+    step can commit all its tokens at once; (None, None) otherwise."""
+    kinds = {type(c) for c in criteria or []}
+    if not kinds <= {MaxLengthCriteria, EosTokenCriteria} or MaxLengthCriteria not in kinds:
+        return None, None
+    eos = [c.eos_token_id.reshape(-1).to(device) for c in criteria if type(c) is EosTokenCriteria]
+    eos = torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
+    return eos, min(c.max_length for c in criteria if type(c) is MaxLengthCriteria)
 
 
 def _drafter_masks(config, key_valid, key_pos, query_pos) -> dict | None:

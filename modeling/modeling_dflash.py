@@ -342,7 +342,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             confidence, ids = logits.float().softmax(-1).topk(top_k, dim=-1)
             ids = ids if token_ids is None else token_ids[ids]
             return (ids, confidence) if return_confidence else ids
-        ids = logits.argmax(-1)
+        ids = logits.max(-1).indices  # the first maximum, like argmax, and several times faster on a CPU
         ids = ids if token_ids is None else token_ids[ids]
         if not return_confidence:
             return ids

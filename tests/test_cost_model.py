@@ -8,7 +8,8 @@ import torch
 
 import hf_dflash.cost_model as cost_model
 from conftest import ForwardCounter, left_padded, make_drafter, make_target
-from hf_dflash.cost_model import ForwardCosts, choose_tree_size, load_forward_costs, measure_forward_costs
+from hf_dflash.cost_model import DepthCalibration, ForwardCosts, choose_tree_size, load_forward_costs, measure_forward_costs
+from hf_dflash.tree import DraftTree
 from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
 FLAT = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01,) * 6)  # a GPU: every verification costs a one-token step
@@ -44,6 +45,28 @@ def test_chooser_on_synthetic_curves():
     assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP, draft_seconds=0.05) == 1
     # a batch shares one tree size: the rows' expectations add up
     assert choose_tree_size(torch.cat([unsure, sure[:, :4]]), CPU) == 1  # 3.1 tokens in 1.5 steps > 2 in 1
+
+
+def test_depth_calibration_tempers_an_overconfident_drafter():
+    # a chain of 3 drafts whose scores promise 0.9, 0.8, 0.7; the target always accepts the first and never the second
+    tree = DraftTree(
+        tokens=torch.tensor([[5, 6, 7, 8]]), parents=torch.tensor([[-1, 0, 1, 2]]), depths=torch.tensor([[0, 1, 2, 3]]),
+        scores=torch.tensor([[0.9, 0.8, 0.7]], dtype=torch.float64),
+    )
+    calibration = DepthCalibration(max_depth=4)
+    assert torch.equal(calibration(tree), tree.scores)  # nothing seen yet: the drafter's own scores
+    for _ in range(20):
+        calibration.update(tree, torch.tensor([1]))
+    scaled = calibration(tree)[0].tolist()
+    # observed / predicted per depth, both from a prior of 1: 21 / 19, 1 / 17, 1 / 15
+    assert scaled == pytest.approx([0.9 * 21 / 19, 0.8 / 17, 0.7 / 15])
+    assert calibration(DraftTree(tree.tokens, tree.parents, tree.depths, tree.scores + 0.1))[0, 0] == 1.0  # capped
+    assert choose_tree_size(tree.scores, FLAT) == 3
+    assert choose_tree_size(calibration(tree), CPU) == 1  # the deep drafts stopped paying
+    # a batch: each row's path counts once per depth it reached
+    calibration.update(DraftTree(tree.tokens.repeat(2, 1), tree.parents.repeat(2, 1), tree.depths.repeat(2, 1),
+                                 tree.scores.repeat(2, 1)), torch.tensor([3, 0]))
+    assert calibration.observed.tolist() == [1.0, 22.0, 2.0, 2.0, 1.0]
 
 
 def test_measure_and_cache(costs_dir, monkeypatch):

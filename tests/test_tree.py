@@ -315,6 +315,46 @@ def test_random_drafter_trees_sample_the_target_distribution(small_target, small
     assert g < threshold
 
 
+@pytest.mark.parametrize("tree_size", [0, 7])
+def test_step_at_once_equals_token_by_token(tree_size, tree_oracle, oracle, monkeypatch):
+    """Greedy steps with only max length / EOS criteria are verified and committed at once (`_verify_greedy`,
+    `_commit_at_once`); a processor that reads the ids and a criterion of the user's take the token-by-token walk.
+    Both give the same text and the same tokens per step, EOS inside an accepted path included."""
+    from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    class Identity(LogitsProcessor):  # not position-free: it could read the ids
+        def __call__(self, input_ids, scores):
+            return scores
+
+    class Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    calls = {"_verify_greedy": 0, "_commit_at_once": 0}
+    for name in calls:
+        original = getattr(_Decoder, name)
+        monkeypatch.setattr(_Decoder, name, lambda self, *a, _o=original, _n=name: calls.__setitem__(_n, calls[_n] + 1)
+                            or _o(self, *a))
+    target = make_target("gemma3")
+    drafter = make_drafter(target, block_size=5)
+    ids, mask = left_padded(3)
+    eos = int(greedy(target, ids, mask, max_new_tokens=20)[0, ids.shape[1] + 6])  # row 0's 7th new token
+    kwargs = dict(max_new_tokens=20, eos_token_id=eos, draft_tree_size=tree_size, return_dict_in_generate=True)
+    oracle(correct_upto="random", seed=1)  # the same random drafts in both runs
+    tree_oracle({0: [1, 0, 0, None], 1: [0, 1], 2: [None]})
+    at_once = greedy(target, ids, mask, drafter, **kwargs)
+    assert calls["_verify_greedy"] > 1 and calls["_commit_at_once"] > 1
+    calls.update(_verify_greedy=0, _commit_at_once=0)
+    oracle(correct_upto="random", seed=1)
+    by_token = greedy(target, ids, mask, drafter, logits_processor=LogitsProcessorList([Identity()]),
+                      stopping_criteria=StoppingCriteriaList([Never()]), **kwargs)
+    assert calls == {"_verify_greedy": 0, "_commit_at_once": 0}
+    assert torch.equal(at_once.sequences, by_token.sequences)
+    assert torch.equal(at_once.sequences, greedy(target, ids, mask, max_new_tokens=20, eos_token_id=eos))
+    assert at_once.acceptance_lengths == by_token.acceptance_lengths
+    assert max(max(lengths) for lengths in at_once.acceptance_lengths) >= 3
+
+
 # --- everything else keeps working ----------------------------------------------------------------------------
 
 
