@@ -10,7 +10,7 @@ committed tokens per second,
     (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + drafting time),
 
 where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
-if the drafter is calibrated; `DepthCalibration` corrects them per depth by what the call has seen so far) and n = 0
+if the drafter is calibrated; `NodeCalibration` corrects them per slot by what the call has seen so far) and n = 0
 is a one-token step.
 """
 
@@ -67,30 +67,42 @@ def choose_tree_size(scores: torch.Tensor, costs: ForwardCosts, draft_seconds: f
     return best
 
 
-class DepthCalibration:
-    """How far the drafter's path probabilities come true, per depth, over one `generate` call.
+class NodeCalibration:
+    """How often the drafter's path probabilities come true, per tree slot, over one `generate` call.
 
-    A node's score is the chance the target accepts it only if the drafter is calibrated; a drafter trained on little
-    data is overconfident deep in the block. At depth d the tree's scores sum to the expected chance that the
-    accepted path reaches depth d; after each verification that sum and whether the path reached d are added up, and
-    `__call__` scales each node's score by observed / predicted at its depth (both start at `prior`, so the first
-    steps trust the drafter)."""
+    A node's score is the chance the target accepts it only if the drafter is calibrated, and a drafter trained on
+    little data is overconfident, the more so for deep nodes and runners-up. `choose_tree_size` weighs the n-th best
+    node by its score, so the correction is kept per slot n (the n-th best node of a step's tree, whatever it is):
+    after each verification, the slot's score and whether the accepted path went through it are added up, and
+    `__call__` scales each slot's score by observed / predicted, shrunk toward 1 (the drafter's own word) as if
+    `prior_steps` steps had matched it."""
 
-    def __init__(self, max_depth: int, prior: float = 1.0):
-        self.predicted = torch.full((max_depth + 1,), prior, dtype=torch.float64)
-        self.observed = self.predicted.clone()
+    def __init__(self, max_nodes: int, prior_steps: float = 4.0):
+        self.predicted = torch.zeros(max_nodes, dtype=torch.float64)  # summed scores of slots 1..max_nodes
+        self.observed = torch.zeros(max_nodes, dtype=torch.float64)  # how often the accepted path went through
+        self.steps = torch.zeros(max_nodes, dtype=torch.float64)  # verifications (rows) that held the slot
+        self.prior_steps = prior_steps
 
-    def update(self, tree: DraftTree, accepted: torch.LongTensor) -> None:
-        """`tree`: a verified tree with scores; `accepted` [rows]: the drafts each row accepted."""
-        depths = tree.depths[:, 1:].flatten().cpu()
-        self.predicted.index_add_(0, depths, tree.scores.flatten().cpu().double())
-        reached = torch.arange(1, int(depths.max()) + 1) <= accepted.cpu()[:, None]  # [rows, D]
-        self.observed[1 : reached.shape[1] + 1] += reached.sum(0)
+    def update(self, tree: DraftTree, path: torch.LongTensor, accepted: torch.LongTensor) -> None:
+        """`tree`: a verified tree with scores [rows, N]; `path` [rows, L]: its accepted slots (root first) and
+        `accepted` [rows] how many drafts each row accepted."""
+        rows, size = tree.scores.shape
+        on_path = torch.zeros(rows, size + 1, dtype=torch.float64)
+        depth = torch.arange(path.shape[1])
+        on_path.scatter_(1, path.cpu(), (depth <= accepted.cpu()[:, None]).double())
+        self.predicted[:size] += tree.scores.cpu().double().sum(0)
+        self.observed[:size] += on_path[:, 1:].sum(0)
+        self.steps[:size] += rows
 
-    def __call__(self, tree: DraftTree) -> torch.Tensor:
-        """The tree's scores [rows, N], each scaled by its depth's observed / predicted (at most 1)."""
-        factor = (self.observed / self.predicted).to(tree.scores.device)
-        return (tree.scores * factor[tree.depths[:, 1:]]).clamp(max=1.0)
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        """`scores` [rows, N] of a tree's slots, each scaled by its slot's observed / predicted (shrunk), at most
+        1."""
+        size = scores.shape[1]
+        steps, predicted = self.steps[:size], self.predicted[:size]
+        mean = predicted / steps.clamp(min=1)  # the slot's average score
+        prior = self.prior_steps * mean
+        factor = torch.where(steps > 0, (self.observed[:size] + prior) / (predicted + prior).clamp(min=1e-12), 1.0)
+        return (scores * factor.to(scores.device, scores.dtype)).clamp(max=1.0)
 
 
 @torch.no_grad()

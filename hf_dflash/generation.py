@@ -36,7 +36,7 @@ from transformers.generation import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .cost_model import DepthCalibration, choose_tree_size, load_forward_costs
+from .cost_model import NodeCalibration, choose_tree_size, load_forward_costs
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
 from .tree import DraftTree, build_tree, gather_path, tree_attention_mask
@@ -202,7 +202,7 @@ def dflash_decode(
         positions = state.next_pos[:, None] + tree.depths
         out = state.target_forward(tree.tokens, state.verify_mask(tree), positions)
         tokens, kept, scores, path = state.verify(out.logits, tree)  # kept: accepted drafts + the target's token
-        state.record(state.commit(tokens, kept, scores), tree, kept)
+        state.record(state.commit(tokens, kept, scores), tree, path, kept)
         state.keep_path(state.features(out), path, kept)
         state.next_pos = state.next_pos + kept
         state.drop_finished()
@@ -268,7 +268,7 @@ class _Decoder:
             if tree_size == "auto":
                 self.costs = load_forward_costs(target, batch_size=batch)
                 tree_size = self.costs.max_tokens - 1  # the largest verification the curve covers
-                self.calibration = DepthCalibration(self.block_size - 1)
+                self.calibration = NodeCalibration(tree_size)
             self.tree_size = tree_size
             draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].shape[0]
             self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
@@ -326,7 +326,7 @@ class _Decoder:
         # the drafter's time per step (forward, head, tree; `build_tree` waits for the device), smoothed
         elapsed = time.perf_counter() - start
         self.draft_seconds = elapsed if self.draft_seconds is None else 0.8 * self.draft_seconds + 0.2 * elapsed
-        num_drafts = choose_tree_size(self.calibration(tree), self.costs, self.draft_seconds)
+        num_drafts = choose_tree_size(self.calibration(tree.scores), self.costs, self.draft_seconds)
         return tree.first(num_drafts) if num_drafts else None
 
     def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> tuple:
@@ -536,13 +536,13 @@ class _Decoder:
         self._stream(committed)
         return committed
 
-    def record(self, committed: torch.LongTensor, tree: DraftTree, kept: torch.LongTensor) -> None:
+    def record(self, committed: torch.LongTensor, tree: DraftTree, path: torch.LongTensor, kept: torch.LongTensor):
         """Per row: the tokens a step committed, the drafts it verified; "auto" learns from the accepted drafts."""
         for r, n in zip(self.rows.tolist(), committed.tolist()):
             self.acceptance_lengths[r].append(n)
             self.draft_lengths[r].append(tree.num_drafts)
         if self.calibration is not None and tree.scores is not None and tree.num_drafts:
-            self.calibration.update(tree, kept - 1)
+            self.calibration.update(tree, path, kept - 1)
 
     def _stopped(self, rows: torch.LongTensor, scores: torch.Tensor) -> torch.BoolTensor:
         """Stopping criteria for `rows` at their current lengths. Like the processors, the criteria see the whole

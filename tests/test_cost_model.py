@@ -8,7 +8,7 @@ import torch
 
 import hf_dflash.cost_model as cost_model
 from conftest import ForwardCounter, left_padded, make_drafter, make_target
-from hf_dflash.cost_model import DepthCalibration, ForwardCosts, choose_tree_size, load_forward_costs, measure_forward_costs
+from hf_dflash.cost_model import ForwardCosts, NodeCalibration, choose_tree_size, load_forward_costs, measure_forward_costs
 from hf_dflash.tree import DraftTree
 from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
@@ -47,26 +47,28 @@ def test_chooser_on_synthetic_curves():
     assert choose_tree_size(torch.cat([unsure, sure[:, :4]]), CPU) == 1  # 3.1 tokens in 1.5 steps > 2 in 1
 
 
-def test_depth_calibration_tempers_an_overconfident_drafter():
-    # a chain of 3 drafts whose scores promise 0.9, 0.8, 0.7; the target always accepts the first and never the second
+def test_node_calibration_tempers_an_overconfident_drafter():
+    # a root with two children (slots 1 and 3) and a grandchild (slot 2): scores 0.9, 0.8, 0.1; the target always
+    # takes slot 1 and never slot 2 or 3
     tree = DraftTree(
-        tokens=torch.tensor([[5, 6, 7, 8]]), parents=torch.tensor([[-1, 0, 1, 2]]), depths=torch.tensor([[0, 1, 2, 3]]),
-        scores=torch.tensor([[0.9, 0.8, 0.7]], dtype=torch.float64),
+        tokens=torch.tensor([[5, 6, 7, 8]]), parents=torch.tensor([[-1, 0, 1, 0]]), depths=torch.tensor([[0, 1, 2, 1]]),
+        scores=torch.tensor([[0.9, 0.8, 0.1]], dtype=torch.float64),
     )
-    calibration = DepthCalibration(max_depth=4)
-    assert torch.equal(calibration(tree), tree.scores)  # nothing seen yet: the drafter's own scores
-    for _ in range(20):
-        calibration.update(tree, torch.tensor([1]))
-    scaled = calibration(tree)[0].tolist()
-    # observed / predicted per depth, both from a prior of 1: 21 / 19, 1 / 17, 1 / 15
-    assert scaled == pytest.approx([0.9 * 21 / 19, 0.8 / 17, 0.7 / 15])
-    assert calibration(DraftTree(tree.tokens, tree.parents, tree.depths, tree.scores + 0.1))[0, 0] == 1.0  # capped
+    calibration = NodeCalibration(max_nodes=5, prior_steps=4)
+    assert torch.equal(calibration(tree.scores), tree.scores)  # nothing seen yet: the drafter's own scores
+    for _ in range(16):
+        calibration.update(tree, path=torch.tensor([[0, 1, 0]]), accepted=torch.tensor([1]))
+    assert calibration.observed.tolist() == [16, 0, 0, 0, 0]
+    # (observed + 4 x the slot's mean score) / (predicted + 4 x the mean score)
+    expected = [(16 + 3.6) / (14.4 + 3.6) * 0.9, 3.2 / (12.8 + 3.2) * 0.8, 0.4 / (1.6 + 0.4) * 0.1]
+    assert calibration(tree.scores)[0].tolist() == pytest.approx([min(e, 1.0) for e in expected])
     assert choose_tree_size(tree.scores, FLAT) == 3
-    assert choose_tree_size(calibration(tree), CPU) == 1  # the deep drafts stopped paying
-    # a batch: each row's path counts once per depth it reached
+    assert choose_tree_size(calibration(tree.scores), CPU) == 1  # the deep and second-best nodes stopped paying
+    # a batch of two rows: one accepted slots 1 and 2, the other nothing
     calibration.update(DraftTree(tree.tokens.repeat(2, 1), tree.parents.repeat(2, 1), tree.depths.repeat(2, 1),
-                                 tree.scores.repeat(2, 1)), torch.tensor([3, 0]))
-    assert calibration.observed.tolist() == [1.0, 22.0, 2.0, 2.0, 1.0]
+                                 tree.scores.repeat(2, 1)), torch.tensor([[0, 1, 2], [0, 0, 0]]), torch.tensor([2, 0]))
+    assert calibration.observed.tolist() == [17, 1, 0, 0, 0]
+    assert calibration.steps.tolist() == [18, 18, 18, 0, 0]
 
 
 def test_measure_and_cache(costs_dir, monkeypatch):

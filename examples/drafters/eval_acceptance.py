@@ -26,7 +26,7 @@ def acceptance(target, drafter, tokenizer, prompts, max_new_tokens):
     for prompt in prompts:
         out = target.generate(**chat_inputs(tokenizer, prompt.messages), assistant_model=drafter,
                               max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
-                              assistant_confidence_threshold=0.0)
+                              assistant_confidence_threshold=0.0, draft_tree_size=0)  # the chain: every block verified
         committed, steps = committed + sum(out.acceptance_lengths[0]), steps + len(out.acceptance_lengths[0])
     return committed / max(steps, 1)
 
