@@ -444,7 +444,7 @@ def benchmark(
             "assistant_confidence_threshold": drafter.assistant_confidence_threshold
             if assistant_confidence_threshold is None else assistant_confidence_threshold,
             "num_prompts": {name: len(p) for name, p in prompt_sets.items()}, "target_dtype": str(target.dtype),
-            "device": str(device),
+            "drafter_dtype": str(drafter.dtype), "device": str(device),
         },
         "drafter": {"block_size": drafter.block_size, "num_hidden_layers": drafter.config.num_hidden_layers,
                     "target_layer_ids": list(drafter.config.target_layer_ids), "note": drafter_note},
@@ -469,26 +469,41 @@ def _encode(prompts: list, tokenizer, pad_id: int, device) -> dict:
 def _oracle_summary(run: dict, target, time_forwards, ceiling, repeats: int) -> dict:
     """The oracle run's speedup against the ceiling, with the target's forwards timed now: t(1) and t(V) for the
     V tokens its steps verify (the block for a chain, the tree's nodes + 1, or each size "auto" chose), after a
-    cache of the run's mean prompt length, at its batch size."""
-    block, tree, s = run["block_size"], run["tree_size"], run["summary"]
+    cache of the run's mean prompt length, at its batch size. Two ceilings: every step commits its block
+    (B x t(1) / t(B)), and the run's own steps (what each verified and committed)."""
+    block, tree, s, batch = run["block_size"], run["tree_size"], run["summary"], run["batch_size"]
+    steps = _steps(run)  # (tokens verified, tokens committed by all rows) per target forward after the prefill
     if tree == "auto":  # the sizes it chose, step by step
-        verified = [d + 1 for r in run["prompts"] for row in r["draft_lengths"] for d in row]
+        verified = [v for v, _ in steps]
     else:
         verified = [block if tree == 0 else tree + 1]
     context = round(sum(r["prompt_len"] for r in run["prompts"]) / len(run["prompts"]))
-    seconds = time_forwards(target, [1, *verified], context, batch_size=run["batch_size"], repeats=repeats,
-                            tree=tree != 0)
-    limit = ceiling(seconds, block, verified)
+    seconds = time_forwards(target, [1, *verified, *(v for v, _ in steps)], context, batch_size=batch,
+                            repeats=repeats, tree=tree != 0)
+    limit = ceiling(seconds, block, verified, batch_size=batch)
+    own = ceiling(seconds, block, [v for v, _ in steps], [c for _, c in steps], batch_size=batch)
     # The ceiling is the decoding steps' own: the prefill (the same forward in both calls) is left out of both
     plain, dflash = (s[f"{m}_seconds"] - run["profile"][m]["prefill_seconds"] for m in ("plain", "dflash"))
     return {
         "speedup": s["speedup"], "decode_speedup": plain / dflash, "ceiling": limit, "ratio": plain / dflash / limit,
-        "ratio_with_prefill": s["speedup"] / limit,
+        "ratio_with_prefill": s["speedup"] / limit, "steps_ceiling": own, "steps_ratio": plain / dflash / own,
         "forward_seconds": {str(k): v for k, v in seconds.items()}, "context": context,
         "wrong_steps": sum(r["oracle"]["wrong_steps"] for r in run["prompts"]),
         "resyncs": sum(len(r["oracle"]["resyncs"]) for r in run["prompts"]),
         "resync_seconds": sum(r["oracle"]["resync_seconds"] for r in run["prompts"]),
     }
+
+
+def _steps(run: dict) -> list[tuple[int, int]]:
+    """Per target forward after the prefill, in every batch: (tokens verified: the widest row's drafts + 1, tokens
+    committed by all its rows); a row that stopped takes no part in later steps."""
+    steps = []
+    for record in run["prompts"]:
+        rows = list(zip(record["draft_lengths"], record["acceptance_lengths"]))
+        for j in range(max(len(d) for d, _ in rows)):
+            live = [(d[j], a[j]) for d, a in rows if j < len(d)]
+            steps.append((max(d for d, _ in live) + 1, sum(a for _, a in live)))
+    return steps
 
 
 def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped, greedy) -> dict:
@@ -580,18 +595,25 @@ def to_markdown(results: dict) -> str:
     if any("oracle" in run for run in results["runs"]):
         lines += ["", "Oracle: always-right drafts (the target's own greedy continuation, placed after the real "
                   "drafter ran); ceiling = tokens committed per step x t(1) / t(tokens verified per step), forwards "
-                  "timed in the same run; decode speedup: both calls' prefill left out:", ""]
+                  "timed in the same run, with every step committing its block (B x t(1) / t(B)) and with the run's "
+                  "own steps (a last step cut by the token budget, a near-tie's wrong draft: verified and committed "
+                  "as they were); decode speedup: both calls' prefill left out:", ""]
         head = ["set", "batch", "block", "tree", "tau", "wrong drafts", "resyncs", "t(1) ms", "t(verified) ms",
-                "speedup", "decode speedup", "ceiling", "decode speedup / ceiling"]
+                "speedup", "decode speedup", "ceiling", "decode speedup / ceiling", "ceiling of its steps",
+                "decode speedup / that"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for run in results["runs"]:
             o = run["oracle"]
             verified = {k: v for k, v in o["forward_seconds"].items() if k != "1"} or o["forward_seconds"]
+            if run["tree_size"] != "auto":  # the full step's size; shorter last steps are in the JSON
+                full = str(run["block_size"] if run["tree_size"] == 0 else run["tree_size"] + 1)
+                verified = {full: o["forward_seconds"][full]}
             cells = [run["set"], run["batch_size"], run["block_size"], _tree_label(run["tree_size"]),
                      f"{run['summary']['tau']:.2f}", o["wrong_steps"], o["resyncs"],
                      f"{1000 * o['forward_seconds']['1']:.1f}",
                      ", ".join(f"{1000 * v:.1f} ({k})" for k, v in verified.items()),
-                     f"{o['speedup']:.2f}x", f"{o['decode_speedup']:.2f}x", f"{o['ceiling']:.2f}x", f"{o['ratio']:.2f}"]
+                     f"{o['speedup']:.2f}x", f"{o['decode_speedup']:.2f}x", f"{o['ceiling']:.2f}x", f"{o['ratio']:.2f}",
+                     f"{o['steps_ceiling']:.2f}x", f"{o['steps_ratio']:.2f}"]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     head = ["set", "batch", "mode", "block", "tree", "plain: target fwd", "plain: other", "dflash: target verify",
             "dflash: drafter layers", "dflash: drafter lm_head + block", "dflash: other"]

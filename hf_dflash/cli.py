@@ -54,21 +54,24 @@ def demo(args) -> int:
     import hf_dflash
 
     from .bench import chat_inputs, first_difference
+    from .devices import resolve_dtype
 
     torch.set_num_threads(args.threads)
     target, tokenizer = _load_target(args.target, args.dtype)
     exact = target.dtype in (torch.float32, torch.float64)
-    if args.drafter:  # computed in the target's dtype
-        drafter, trained = AutoModel.from_pretrained(args.drafter, dtype=target.dtype), True
+    drafter_dtype = resolve_dtype(args.drafter_dtype)
+    if args.drafter:
+        drafter, trained = AutoModel.from_pretrained(args.drafter, dtype=drafter_dtype), True
     elif SHIPPED_DRAFTER is not None and args.target == SMOLLM2_ID:
-        drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER), dtype=target.dtype), True
+        drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER), dtype=drafter_dtype), True
     else:
         torch.manual_seed(0)
         drafter, trained = hf_dflash.DFlashDraftModel.from_target(target, 1, args.block_size, tokenizer=tokenizer), False
-    drafter.eval()
+    drafter.to(drafter_dtype).eval()
     print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
           f"| block size {drafter.block_size} | draft tree {drafter.draft_tree_size or 'none (chain)'} | confidence "
-          f"threshold {drafter.assistant_confidence_threshold} | {str(target.dtype).replace('torch.', '')} "
+          f"threshold {drafter.assistant_confidence_threshold} | {str(target.dtype).replace('torch.', '')} (drafter "
+          f"{str(drafter.dtype).replace('torch.', '')}) "
           f"| torch threads {args.threads}")
     if not trained:
         print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
@@ -196,16 +199,16 @@ def bench_cmd(args) -> int:
         target.to(device)
         source = args.target
         if args.drafter:
-            drafter, note = AutoModel.from_pretrained(args.drafter, dtype=target.dtype).to(device), None
+            drafter, note = AutoModel.from_pretrained(args.drafter).to(device), None
         else:
             torch.manual_seed(args.seed)
             drafter = hf_dflash.DFlashDraftModel.from_target(target, 1, 8, tokenizer=tokenizer)
             note = ("UNTRAINED drafter (random weights, 1 layer, block 8): it accepts almost no drafts, so DFlash is "
                     "slower than plain generate here; these numbers measure overhead, not a trained drafter.")
-    drafter.eval()
+    drafter.to(resolve_dtype(args.drafter_dtype, device)).eval()
     print(f"target: {source} | drafter: {args.drafter or 'untrained, random'} | block size {drafter.block_size} "
-          f"| {str(target.dtype).replace('torch.', '')} on {device} | torch threads {args.threads} "
-          f"| sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
+          f"| {str(target.dtype).replace('torch.', '')} on {device} (drafter "
+          f"{str(drafter.dtype).replace('torch.', '')}) | torch threads {args.threads} | sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
     if note:
         print("NOTE: " + note)
     results = benchmark(
@@ -255,8 +258,11 @@ def _add_training_args(parser) -> None:
             parser.add_argument(flag, type=base, default=default, required=required, help=help_text)
 
 
-_DTYPE_HELP = ("dtype of the target and drafter: auto = bfloat16 where the device computes it natively (CPUs with "
+_DTYPE_HELP = ("dtype of the target: auto = bfloat16 where the device computes it natively (CPUs with "
                "AVX512-BF16/AMX, GPUs), else float32")
+_DRAFTER_DTYPE_HELP = ("dtype of the drafter: auto = bfloat16 where the device computes it natively, else float32. "
+                       "Its drafts only propose, so a bfloat16 drafter beside a float32 target costs about half per "
+                       "step (memory-bound) and the output stays the target's; pass float32 to match the target")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads, pinned so timings compare")
     p.add_argument("--dtype", default="auto", help=_DTYPE_HELP)
+    p.add_argument("--drafter-dtype", default="auto", help=_DRAFTER_DTYPE_HELP)
     p.set_defaults(func=demo)
 
     p = sub.add_parser("prepare-data", help="regenerate responses with the target: training data for a drafter")
@@ -325,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="untimed prompt batches per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", help=_DTYPE_HELP)
+    p.add_argument("--drafter-dtype", default="auto", help=_DRAFTER_DTYPE_HELP)
     p.add_argument("--device", help="cuda, cuda:1, cpu, ... (default: cuda if available, else cpu)")
     p.add_argument("--draft-tree-sizes", type=_tree_size, nargs="+", metavar="N",
                    help="draft_tree_size of the DFlash runs, each its own run: 0 (the chain), N drafts, auto "

@@ -190,12 +190,17 @@ def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draf
 
 
 # --- the ceiling --------------------------------------------------------------------------------------------------
-def ceiling(seconds: dict, block_size: int, verified: list[int]) -> float:
-    """The speedup over plain decoding with always-right drafts: tokens committed per second over plain's 1 / t(1).
-    `verified`: the tokens each step verifies (the newest + drafts); a step commits min(block_size, verified), its
-    right chain plus the target's token. For one block of B tokens: B x t(1) / t(B)."""
-    committed = sum(min(block_size, v) for v in verified)
-    return committed * seconds[1] / sum(seconds[v] for v in verified)
+def ceiling(seconds: dict, block_size: int, verified: list[int], committed: list[int] | None = None,
+            batch_size: int = 1) -> float:
+    """The speedup over plain decoding with always-right drafts: tokens committed per second over plain's
+    batch_size / t(1). `verified`: the tokens each step verifies (the newest + drafts; the widest row's in a batch);
+    by default a step commits min(block_size, verified) per row, its right chain plus the target's token: for one
+    block of B tokens, B x t(1) / t(B). `committed` (all rows together, per step) makes it the ceiling of a run's own
+    steps instead: those a fixed token budget cuts short at the end, or a bfloat16 near-tie leaves wrong, cost the
+    same forward and commit less, for the loop and for its ceiling alike."""
+    if committed is None:
+        committed = [batch_size * min(block_size, v) for v in verified]
+    return sum(committed) * seconds[1] / (batch_size * sum(seconds[v] for v in verified))
 
 
 # --- random targets -----------------------------------------------------------------------------------------------

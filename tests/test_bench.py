@@ -193,8 +193,21 @@ def _oracle_checks(run):
     assert o["decode_speedup"] == pytest.approx(decode) and o["ratio"] == pytest.approx(decode / o["ceiling"])
     t = {int(k): v for k, v in o["forward_seconds"].items()}
     verified = run["block_size"] if run["tree_size"] == 0 else run["tree_size"] + 1
-    assert set(t) == {1, verified} and all(v > 0 for v in t.values())
+    assert all(v > 0 for v in t.values())
     assert o["ceiling"] == pytest.approx(min(run["block_size"], verified) * t[1] / t[verified])
+    # the run's own steps: each row's last step is cut by max_new_tokens, so it verifies and commits less; a batch's
+    # step verifies its widest row and commits all its rows' tokens
+    own = {}
+    for i, record in enumerate(run["prompts"]):
+        for ds, acc in zip(record["draft_lengths"], record["acceptance_lengths"]):
+            for j, (d, a) in enumerate(zip(ds, acc)):
+                v, c = own.get((i, j), (0, 0))
+                own[i, j] = max(v, d + 1), c + a
+    steps = list(own.values())
+    batch = run["batch_size"]
+    assert set(t) == {1, verified} | {v for v, _ in steps}
+    assert o["steps_ceiling"] == pytest.approx(sum(c for _, c in steps) * t[1] / batch / sum(t[v] for v, _ in steps))
+    assert o["steps_ratio"] == pytest.approx(decode / o["steps_ceiling"])
     assert o["context"] == round(sum(r["prompt_len"] for r in run["prompts"]) / len(run["prompts"]))
 
 
@@ -212,7 +225,7 @@ def test_oracle_drafts_are_all_right(setup):
             assert record["dflash"]["phases"]["paused"] == 0
     lines = results["markdown"].splitlines()
     at = lines.index("| set | batch | block | tree | tau | wrong drafts | resyncs | t(1) ms | t(verified) ms | speedup "
-                     "| decode speedup | ceiling | decode speedup / ceiling |")
+                     "| decode speedup | ceiling | decode speedup / ceiling | ceiling of its steps | decode speedup / that |")
     assert all(line.startswith("| toy |") for line in lines[at + 2 : at + 10])
     with pytest.raises(ValueError, match="greedy"):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
@@ -271,6 +284,10 @@ def test_ceiling():
     assert ceiling({1: 1.0, 4: 2.0}, 4, [4]) == 2.0  # B x t(1) / t(B)
     assert ceiling({1: 1.0, 9: 3.0}, 4, [9]) == 4 / 3  # a tree of 8: the block's right chain, 9 tokens verified
     assert ceiling({1: 1.0, 3: 2.0}, 8, [1, 3]) == 4 / 3  # "auto": 1 + 3 tokens committed in 1 + 2 seconds
+    # a run's own steps: a full block of 4, then a last step verifying 3 that commits 2
+    assert ceiling({1: 1.0, 3: 1.5, 4: 2.0}, 4, [4, 3], committed=[4, 2]) == 6 / 3.5
+    assert ceiling({1: 1.0, 4: 2.0}, 4, [4], committed=[7], batch_size=2) == 7 / 4  # two rows: 4 + 3 in one step
+    assert ceiling({1: 1.0, 4: 2.0}, 4, [4], batch_size=2) == 2.0
 
 
 def test_random_target_oracle_from_the_command_line(tmp_path):

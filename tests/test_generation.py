@@ -160,9 +160,15 @@ def test_max_length_instead_of_max_new_tokens(oracle):
     assert torch.equal(plain, fast)
 
 
-def test_drafter_in_another_dtype_is_cast():
+@pytest.mark.parametrize("draft_vocab", [None, range(2, 60)])
+def test_drafter_in_another_dtype_is_cast(draft_vocab):
     target = make_target("qwen3", dtype=torch.float32)
     drafter = make_drafter(target).to(torch.bfloat16)
+    drafter.set_draft_vocab(draft_vocab)
+    head = target.get_output_embeddings()
+    weight, _, rows = drafter.draft_head(head)  # drafts are scored in the drafter's dtype, the target's in its own
+    assert weight.dtype == torch.bfloat16 and head.weight.dtype == torch.float32
+    assert torch.equal(weight, head.weight.to(torch.bfloat16) if rows is None else head.weight[rows].to(torch.bfloat16))
     ids, mask = left_padded(2)
     plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
     assert torch.equal(plain, fast)

@@ -313,15 +313,17 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 
     def draft_head(self, output_head: nn.Module) -> tuple | None:
         """`(weight, bias, token_ids)`: the rows of the target's head that the drafter scores (the `draft_vocab`
-        rows, or all rows with `token_ids=None`), to gather once per generation and pass to `draft_tokens`.
-        None for a head that is not a plain `nn.Linear` (e.g. quantized): drafts then score it whole."""
+        rows, or all rows with `token_ids=None`), in the drafter's dtype, to gather once per generation and pass to
+        `draft_tokens`. None for a head that is not a plain `nn.Linear` (e.g. quantized): drafts then score it whole.
+        The drafter's dtype because drafts only propose: a bfloat16 drafter beside a float32 target reads half the
+        bytes per step (the head is memory-bound) and the target's verification keeps the output exact."""
         if type(output_head) is not nn.Linear:
             return None
-        weight, bias = output_head.weight, output_head.bias
-        if self.draft_vocab is None:
-            return weight, bias, None
-        rows = self.draft_vocab.to(weight.device)
-        return weight[rows], None if bias is None else bias[rows], rows
+        weight, bias, dtype = output_head.weight, output_head.bias, self.fc.weight.dtype
+        rows = None if self.draft_vocab is None else self.draft_vocab.to(weight.device)
+        if rows is not None:
+            weight, bias = weight[rows], None if bias is None else bias[rows]
+        return weight.to(dtype), None if bias is None else bias.to(dtype), rows
 
     def draft_tokens(
         self, hidden_states: torch.Tensor, output_head: nn.Module, head=None, return_confidence=False, top_k=None
