@@ -45,6 +45,8 @@ OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$RUNS/drafter-c" 
 
 # 5. Learning curve: from scratch, one schedule (4,000 steps of 2 sequences x 32 anchors, lr 6e-4, seed 3, one thread)
 #    on the first 2,300 / 4,600 / 9,198 samples; and drafter E, from D2 on all 9,198 (4,000 steps, lr 3e-4, seed 4).
+#    The layer sweep: the s9200 run with 1 and 3 drafter layers. Drafter F: E trained 18,000 more steps on all 9,198
+#    samples (lr 3e-4, cosine, seed 5; about 1.5 hours beside another run, checkpoints every 2,000 steps).
 curve() {  # NAME SAMPLES [extra train args]
     local name=$1 samples=$2; shift 2
     head -"$samples" "$RUNS/data.jsonl" > "$RUNS/curve/data_$name.jsonl"
@@ -56,14 +58,21 @@ curve s2300 2300
 curve s4600 4600
 curve s9200 9198
 curve e 9198 --init-from "$RUNS/ship/d2" --learning-rate 3e-4 --seed 4
+curve l1 9198 --num-layers 1
+curve l3 9198 --num-layers 3
+curve f 9198 --init-from "$RUNS/curve/e" --learning-rate 3e-4 --seed 5 --max-steps 18000 --save-steps 2000
+# F ships the run's checkpoint at step 12,000 (lr down to 8.1e-5 of the cosine's 3e-4 peak): the run was stopped there to
+# leave the session time for measurement; `curve f ...` again (--resume) finishes the schedule.
+mkdir -p "$RUNS/curve/f12000"
+cp "$RUNS/curve/e/config.json" "$RUNS/curve/f/checkpoints/checkpoint-12000/model.safetensors" "$RUNS/curve/f12000/"
 
 # 6. Acceptance on held-out prompts (float32 target, block 8, the chain, every block verified), the five sets.
-for d in "$RUNS/ship/d2" "$RUNS/curve/s2300" "$RUNS/curve/s4600" "$RUNS/curve/s9200" "$RUNS/curve/e"; do
+for d in "$RUNS/ship/d2" "$RUNS/curve/"{s2300,s4600,s9200,e,l1,l3,f12000}; do
     OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$d" --sets gsm8k mbpp alpaca humaneval mtbench \
         --num-prompts 8 --max-new-tokens 96 --block-size 8 --out "$RUNS/curve/acc_$(basename "$d").json"
 done
 
-# 7. Ship E: bf16 weights, its draft vocabulary (the most frequent response tokens of its data, set by training),
+# 7. Ship F: bf16 weights, its draft vocabulary (the most frequent response tokens of its data, set by training),
 #    block 8 as trained, draft_tree_size "auto" (trees sized per step from this machine's measured forward costs; no
 #    fixed confidence threshold), and the training record.
 python - "$RUNS" "$OUT" <<'PY'
@@ -73,21 +82,26 @@ from transformers import AutoModel
 import hf_dflash  # noqa: F401  (registers the drafter with AutoModel)
 
 runs, out = sys.argv[1:]
-drafter = AutoModel.from_pretrained(f"{runs}/curve/e", dtype=torch.bfloat16)
+drafter = AutoModel.from_pretrained(f"{runs}/curve/f12000", dtype=torch.bfloat16)
 drafter.config.dflash_config.pop("assistant_confidence_threshold", None)
 drafter.config.dflash_config["draft_tree_size"] = "auto"
 drafter.save_pretrained(out)
-record = json.load(open(f"{runs}/curve/e/training_args.json"))
+record = json.load(open(f"{runs}/curve/e/training_args.json"))  # F's own is written when its schedule ends
 minutes = {n: json.load(open(f"{runs}/ship/{n}/training_args.json"))["train_seconds"] / 60 for n in ("d1", "d2")}
 minutes["e"] = record["train_seconds"] / 60
+log = [json.loads(line) for line in open(f"{runs}/curve/f/train_log.jsonl")]
+minutes["f"] = sum(r["s_per_step"] * 200 for r in log if r["step"] <= 12000) / 60
+record.update(seed=5, max_steps=18000, steps=12000, save_steps=2000, output="f12000",
+              train_seconds=60 * minutes["f"])
 record.update(
     data="all 9,198 regenerated samples so far (GSM8K train, ShareGPT first turns, standard-library code requests; "
          "examples/drafters/data/, reproduce_smollm2.sh), features from the store",
-    output="e", init_from="d2 (itself from d1, from drafter C)",
+    init_from="e (itself from d2, d1 and drafter C)",
     runs=(f"C (1800 samples, 6200 steps) -> D1 (1,088 new samples, 3000 steps, lr 6e-4, {minutes['d1']:.0f} min) "
           f"-> D2 (2,240 samples, 3000 steps, lr 6e-4, {minutes['d2']:.0f} min) -> E (9,198 samples, 4000 steps, "
-          f"lr 3e-4, {minutes['e']:.0f} min, beside another training run)"),
-    total_steps=6200 + 3000 + 3000 + 4000,
+          f"lr 3e-4, {minutes['e']:.0f} min) -> F (9,198 samples, the first 12,000 steps of an 18,000-step schedule, "
+          f"lr 3e-4, {minutes['f']:.0f} min); each beside another job for most of its time"),
+    total_steps=6200 + 3000 + 3000 + 4000 + 12000,
     draft_tree_size_shipped='"auto": per step, the tree size that maximises expected tokens per second from the '
                             "target's forward costs measured on the user's machine",
     machine="2-core Intel Xeon (AVX512-BF16, AMX), no GPU, 1 torch thread per process",
@@ -95,3 +109,6 @@ record.update(
 )
 json.dump(record, open(f"{out}/training_args.json", "w"), indent=2)
 PY
+
+# 8. Speed (the commands in RESULTS.md: bf16 and fp32 benches side by side), then the model card from the bf16 bench.
+#    hf-dflash card "$OUT" --results "$OUT/bench_results.json"

@@ -53,16 +53,18 @@ def speed_table(named):
 
 
 def oracle_table(named):
-    head = ["dtype", "block", "tau", "speedup", "decode speedup", "ceiling B t(1)/t(B)", "ratio", "t(1) ms", "t(B) ms"]
+    head = ["dtype", "drafter", "block", "tau", "speedup", "decode speedup", "ceiling B t(1)/t(B)", "ratio",
+            "ceiling of its steps", "ratio", "t(1) ms", "t(B) ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, results in named:
+        layers = results["drafter"]["num_hidden_layers"]
         for run in results["runs"]:
-            o = run["oracle"]
+            o, block = run["oracle"], run["block_size"]
             t = {int(k): v for k, v in o["forward_seconds"].items()}
-            k = max(t)
-            lines.append(f"| {name} | {run['block_size']} | {run['summary']['tau']:.2f} | {o['speedup']:.2f}x | "
-                         f"{o['decode_speedup']:.2f}x | {o['ceiling']:.2f}x | {o['ratio']:.2f} | {1000 * t[1]:.1f} | "
-                         f"{1000 * t[k]:.1f} |")
+            lines.append(f"| {name} | {layers} layer{'s' * (layers > 1)} | {block} | {run['summary']['tau']:.2f} | "
+                         f"{o['speedup']:.2f}x | {o['decode_speedup']:.2f}x | {o['ceiling']:.2f}x | {o['ratio']:.2f} | "
+                         f"{o['steps_ceiling']:.2f}x | {o['steps_ratio']:.2f} | {1000 * t[1]:.1f} | "
+                         f"{1000 * t[block]:.1f} |")
     return "\n".join(lines)
 
 
