@@ -208,7 +208,8 @@ def bench_cmd(args) -> int:
     drafter.to(resolve_dtype(args.drafter_dtype, device)).eval()
     print(f"target: {source} | drafter: {args.drafter or 'untrained, random'} | block size {drafter.block_size} "
           f"| {str(target.dtype).replace('torch.', '')} on {device} (drafter "
-          f"{str(drafter.dtype).replace('torch.', '')}) | torch threads {args.threads} | sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
+          f"{str(drafter.dtype).replace('torch.', '')}) | torch threads {args.threads} "
+          f"| sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
     if note:
         print("NOTE: " + note)
     results = benchmark(
