@@ -112,7 +112,9 @@ def test_auto_follows_the_cost_curve(costs, tokens, tree_oracle, monkeypatch):  
     ids, _ = left_padded(1, lengths=[5])
     plain = target.generate(ids, do_sample=False, max_new_tokens=13)
     tree_oracle([1, 0, 0])
-    with_costs(monkeypatch, costs)
+    # in units a real drafting time cannot tip ("auto" adds the measured drafting seconds to every choice's cost,
+    # and on a loaded machine they can exceed a fake 10 ms forward)
+    with_costs(monkeypatch, ForwardCosts(costs.tokens, tuple(100 * t for t in costs.seconds)))
     counter = ForwardCounter(target)
     out = target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter, draft_tree_size="auto")
     assert torch.equal(out, plain)
