@@ -60,11 +60,11 @@ def oracle_table(named):
         layers = results["drafter"]["num_hidden_layers"]
         for run in results["runs"]:
             o, block = run["oracle"], run["block_size"]
-            t = {int(k): v for k, v in o["forward_seconds"].items()}
+            t = {int(k): v for k, v in o["forward_seconds"].items()}  # max: the full step's size (last steps are shorter)
             lines.append(f"| {name} | {layers} layer{'s' * (layers > 1)} | {block} | {run['summary']['tau']:.2f} | "
                          f"{o['speedup']:.2f}x | {o['decode_speedup']:.2f}x | {o['ceiling']:.2f}x | {o['ratio']:.2f} | "
                          f"{o['steps_ceiling']:.2f}x | {o['steps_ratio']:.2f} | {1000 * t[1]:.1f} | "
-                         f"{1000 * t[block]:.1f} |")
+                         f"{1000 * t[max(t)]:.1f} |")
     return "\n".join(lines)
 
 
