@@ -469,7 +469,7 @@ def _encode(prompts: list, tokenizer, pad_id: int, device) -> dict:
 def _oracle_summary(run: dict, target, time_forwards, ceiling, repeats: int) -> dict:
     """The oracle run's speedup against the ceiling, with the target's forwards timed now: t(1) and t(V) for the
     V tokens its steps verify (the block for a chain, the tree's nodes + 1, or each size "auto" chose), after a
-    cache of the run's mean prompt length, at its batch size. Two ceilings: every step commits its block
+    cache of the run's mean context while decoding (prompt + half the new tokens), at its batch size. Two ceilings: every step commits its block
     (B x t(1) / t(B)), and the run's own steps (what each verified and committed)."""
     block, tree, s, batch = run["block_size"], run["tree_size"], run["summary"], run["batch_size"]
     steps = _steps(run)  # (tokens verified, tokens committed by all rows) per target forward after the prefill
@@ -477,7 +477,10 @@ def _oracle_summary(run: dict, target, time_forwards, ceiling, repeats: int) -> 
         verified = [v for v, _ in steps]
     else:
         verified = [block if tree == 0 else tree + 1]
-    context = round(sum(r["prompt_len"] for r in run["prompts"]) / len(run["prompts"]))
+    # the decoding steps' mean context: both calls' forwards run from the prompt to prompt + new tokens, and the
+    # verification's attention (over k queries) grows with it faster than a one-token forward's
+    records = run["prompts"]
+    context = round(sum(r["prompt_len"] + r["plain"]["new_tokens"] / batch / 2 for r in records) / len(records))
     seconds = time_forwards(target, [1, *verified, *(v for v, _ in steps)], context, batch_size=batch,
                             repeats=repeats, tree=tree != 0)
     limit = ceiling(seconds, block, verified, batch_size=batch)
