@@ -302,27 +302,3 @@ def test_draft_vocab_out_of_range_is_refused(ids):
     drafter = make_drafter(make_target("qwen3"))
     with pytest.raises(ValueError, match="draft vocabulary ids"):
         drafter.set_draft_vocab(ids)
-
-
-@pytest.mark.parametrize("rows", [1, 7, 16, 17])
-def test_dflash_linear_is_a_linear_with_another_layout(rows):
-    """Every linear layer of the drafter is a `DFlashLinear`: the same parameters and state dict names as
-    `nn.Linear`, the same products (the `W @ x^T` layout for at most 16 bfloat16 rows on a CPU, the plain one past
-    that and in other dtypes), and gradients flow through both."""
-    from hf_dflash.modeling.modeling_dflash import DFlashLinear
-
-    drafter = make_drafter(make_target("qwen3"))
-    linears = [m for m in drafter.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is DFlashLinear for m in linears)
-    assert "layers.0.mlp.up_proj.weight" in drafter.state_dict()
-    torch.manual_seed(0)
-    layer = DFlashLinear(48, 40, bias=True)
-    for dtype, atol in ((torch.float32, 0.0), (torch.bfloat16, 0.05)):
-        layer = layer.to(dtype)
-        x = torch.randn(1, rows, 48, dtype=dtype, requires_grad=True)
-        out = layer(x)
-        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
-        assert out.shape == (1, rows, 40) and out.is_contiguous()
-        torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=0.02 if atol else 0)
-        out.float().sum().backward()
-        assert x.grad is not None and x.grad.shape == x.shape

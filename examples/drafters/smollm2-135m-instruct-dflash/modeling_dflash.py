@@ -39,29 +39,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
-class DFlashLinear(nn.Linear):
-    """`nn.Linear` that multiplies a few bfloat16 rows on a CPU as `W @ x^T`: the drafter's shape at decode time (the
-    block and the new context, 8-24 rows). There, oneDNN runs this layout about 1.5-2x faster than `x @ W^T`
-    (measured with torch 2.13 on AVX512-BF16: 14 vs 30 GB/s of weights read at 8 rows); elsewhere (GPUs, float32,
-    training batches) the plain product. Same parameters and state dict as `nn.Linear`."""
-
-    max_rows = 16  # past 16-32 rows the two layouts cost the same, past 64 `x @ W^T` wins
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        if x.device.type != "cpu" or x.dtype != torch.bfloat16 or rows > self.max_rows:
-            return super().forward(x)
-        out = (self.weight @ x.reshape(rows, -1).T).T.contiguous()  # later ops are slow on the transposed strides
-        out = out if self.bias is None else out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
-
-
-def _use_dflash_linear(module: nn.Module) -> None:
-    for child in module.modules():
-        if type(child) is nn.Linear:
-            child.__class__ = DFlashLinear  # only `forward` differs: parameters and names stay
-
-
 class DFlashAttention(Qwen3Attention):
     def __init__(self, config: DFlashConfig, layer_idx: int):
         super().__init__(config, layer_idx)
@@ -159,7 +136,6 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         # only these rows of the lm_head makes drafting cheaper; verification, hence the output, is unchanged.
         size = (config.dflash_config or {}).get("draft_vocab_size")
         self.register_buffer("draft_vocab", torch.arange(int(size)) if size else None, persistent=True)
-        _use_dflash_linear(self)
         self.post_init()
 
     @property
@@ -443,4 +419,4 @@ def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | N
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-__all__ = ["DFlashDraftModel", "DFlashAttention", "DFlashDecoderLayer", "DFlashLinear"]
+__all__ = ["DFlashDraftModel", "DFlashAttention", "DFlashDecoderLayer"]
