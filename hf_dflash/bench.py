@@ -469,8 +469,8 @@ def _encode(prompts: list, tokenizer, pad_id: int, device) -> dict:
 def _oracle_summary(run: dict, target, time_forwards, ceiling, repeats: int) -> dict:
     """The oracle run's speedup against the ceiling, with the target's forwards timed now: t(1) and t(V) for the
     V tokens its steps verify (the block for a chain, the tree's nodes + 1, or each size "auto" chose), after a
-    cache of the run's mean context while decoding (prompt + half the new tokens), at its batch size. Two ceilings: every step commits its block
-    (B x t(1) / t(B)), and the run's own steps (what each verified and committed)."""
+    cache of the run's mean context while decoding (prompt + half the new tokens), at its batch size. Two ceilings:
+    every step commits its block (B x t(1) / t(B)), and the run's own steps (what each verified and committed)."""
     block, tree, s, batch = run["block_size"], run["tree_size"], run["summary"], run["batch_size"]
     steps = _steps(run)  # (tokens verified, tokens committed by all rows) per target forward after the prefill
     if tree == "auto":  # the sizes it chose, step by step

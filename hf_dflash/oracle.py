@@ -2,11 +2,11 @@
 
 With always-right drafts a step commits a whole block, so the best speedup over plain `generate` a block of B tokens
 can give is the ceiling B x t(1) / t(B), t(k) being the target's forward over k new tokens after a cache of the
-decoding's mean context (the prompt and half the new tokens). The loop reaches less: the drafter's forward, the verification's bookkeeping, the cache updates.
-`OracleDecoder` runs the real loop with the real drafter, then replaces its drafts with the target's own greedy
-continuation (`OracleDrafts`, precomputed by the plain `generate` run the benchmark makes anyway), so the measured
-speedup over the ceiling is the loop's efficiency. `hf_dflash.bench.benchmark(..., oracle=True)` measures both in
-the same run.
+decoding's mean context (the prompt and half the new tokens). The loop reaches less: the drafter's forward, the
+verification's bookkeeping, the cache updates. `OracleDecoder` runs the real loop with the real drafter, then
+replaces its drafts with the target's own greedy continuation (`OracleDrafts`, precomputed by the plain `generate` run
+the benchmark makes anyway), so the measured speedup over the ceiling is the loop's efficiency.
+`hf_dflash.bench.benchmark(..., oracle=True)` measures both in the same run.
 
 In bfloat16 a verification over B tokens may round a near-tie differently from one-token forwards, so the committed
 text can leave the precomputed continuation; the oracle then recomputes the continuation from the committed text,
