@@ -15,10 +15,10 @@ python examples/drafters/make_prompts.py "$RUNS/prompts.jsonl"
 
 # 2. Responses regenerated greedily by the target in bf16 (its chat template, up to 256 new tokens, prompts up to 512
 #    tokens), with the features of target layers 1, 8, 14, 20, 27 and its top-16 next-token probabilities stored as
-#    it generates: the first 9,198 prompts so far (about 1.6 samples/s on two threads; 15 GB of features). Raise
-#    --limit to continue (resumable: a kill loses at most the batch in flight). The regenerated text is in
-#    examples/drafters/data/ (compressed).
-OMP_NUM_THREADS=1 hf-dflash prepare-data --target "$TARGET" --prompts "$RUNS/prompts.jsonl" --limit 9198 \
+#    it generates: the first 20,014 prompts so far (1.3-1.6 samples/s on two threads; 34 GB of features;
+#    drafters up to F used the first 9,198). Resumable: a rerun continues where it stopped (a kill loses at most the
+#    batch in flight) and goes on to all 21,033. The regenerated text is in examples/drafters/data/ (compressed).
+OMP_NUM_THREADS=1 hf-dflash prepare-data --target "$TARGET" --prompts "$RUNS/prompts.jsonl" --limit 21033 \
     --output "$RUNS/data.jsonl" --max-new-tokens 256 --max-prompt-tokens 512 --batch-size 64 --dtype bfloat16 \
     --threads 1 --save-features "$RUNS/store" --target-layer-ids 1 8 14 20 27 --target-topk 16
 
