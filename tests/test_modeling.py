@@ -302,3 +302,24 @@ def test_draft_vocab_out_of_range_is_refused(ids):
     drafter = make_drafter(make_target("qwen3"))
     with pytest.raises(ValueError, match="draft vocabulary ids"):
         drafter.set_draft_vocab(ids)
+
+
+def test_draft_head_gather_is_kept_until_its_inputs_change():
+    target = make_target("qwen3")
+    drafter = randomized(make_drafter(target)).float()  # a float32 drafter beside a float64 target: a copy
+    head = target.get_output_embeddings()
+    first = drafter.draft_head(head)
+    assert drafter.draft_head(head) is first
+    with torch.no_grad():
+        head.weight[0] += 1.0  # an in-place write, as an optimizer step
+    second = drafter.draft_head(head)
+    assert second is not first and torch.equal(second[0], head.weight.float())
+    drafter.set_draft_vocab(range(10, 40))
+    third = drafter.draft_head(head)
+    assert torch.equal(third[0], head.weight[10:40].float()) and torch.equal(third[2], torch.arange(10, 40))
+    other = make_target("qwen3", seed=3).get_output_embeddings()
+    assert torch.equal(drafter.draft_head(other)[0], other.weight[10:40].float())
+    # a head already in the drafter's dtype, unrestricted, is used as is and not kept
+    drafter.set_draft_vocab(None)
+    same_dtype = randomized(make_drafter(target))
+    assert same_dtype.draft_head(head)[0] is head.weight and same_dtype._draft_head_cache is None
