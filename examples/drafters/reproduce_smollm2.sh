@@ -15,9 +15,9 @@ python examples/drafters/make_prompts.py "$RUNS/prompts.jsonl"
 
 # 2. Responses regenerated greedily by the target in bf16 (its chat template, up to 256 new tokens, prompts up to 512
 #    tokens), with the features of target layers 1, 8, 14, 20, 27 and its top-16 next-token probabilities stored as
-#    it generates: the first 20,014 prompts so far (1.3-1.6 samples/s on two threads; 34 GB of features;
-#    drafters up to F used the first 9,198). Resumable: a rerun continues where it stopped (a kill loses at most the
-#    batch in flight) and goes on to all 21,033. The regenerated text is in examples/drafters/data/ (compressed).
+#    it generates: 20,869 samples from the 21,033 prompts (longer prompts skipped; 1.0-1.6 samples/s on one or two
+#    threads, about 4 hours; 36 GB of features; drafters up to F used the first 9,198). Resumable: a rerun continues
+#    where it stopped (a kill loses at most the batch in flight). The regenerated text is in examples/drafters/data/.
 OMP_NUM_THREADS=1 hf-dflash prepare-data --target "$TARGET" --prompts "$RUNS/prompts.jsonl" --limit 21033 \
     --output "$RUNS/data.jsonl" --max-new-tokens 256 --max-prompt-tokens 512 --batch-size 64 --dtype bfloat16 \
     --threads 1 --save-features "$RUNS/store" --target-layer-ids 1 8 14 20 27 --target-topk 16
@@ -44,7 +44,7 @@ OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$RUNS/drafter-c" 
     --sets gsm8k mbpp alpaca --num-prompts 8 --max-new-tokens 96 --block-size 8 --out "$RUNS/ship/acceptance.json"
 
 # 5. Learning curve: from scratch, one schedule (4,000 steps of 2 sequences x 32 anchors, lr 6e-4, seed 3, one thread)
-#    on the first 2,300 / 4,600 / 9,198 samples; and drafter E, from D2 on all 9,198 (4,000 steps, lr 3e-4, seed 4).
+#    on the first 2,300 / 4,600 / 9,198 / 20,000 samples; and drafter E, from D2 on all 9,198 (4,000 steps, lr 3e-4, seed 4).
 #    The layer sweep: the s9200 run with 1 and 3 drafter layers. Drafter F: E trained 18,000 more steps on all 9,198
 #    samples (lr 3e-4, cosine, seed 5; about 1.5 hours beside another run, checkpoints every 2,000 steps).
 curve() {  # NAME SAMPLES [extra train args]
@@ -57,6 +57,7 @@ mkdir -p "$RUNS/curve"
 curve s2300 2300
 curve s4600 4600
 curve s9200 9198
+curve s20000 20000
 curve e 9198 --init-from "$RUNS/ship/d2" --learning-rate 3e-4 --seed 4
 curve l1 9198 --num-layers 1
 curve l3 9198 --num-layers 3
@@ -67,7 +68,7 @@ mkdir -p "$RUNS/curve/f12000"
 cp "$RUNS/curve/e/config.json" "$RUNS/curve/f/checkpoints/checkpoint-12000/model.safetensors" "$RUNS/curve/f12000/"
 
 # 6. Acceptance on held-out prompts (float32 target, block 8, the chain, every block verified), the five sets.
-for d in "$RUNS/ship/d2" "$RUNS/curve/"{s2300,s4600,s9200,e,l1,l3,f12000}; do
+for d in "$RUNS/ship/d2" "$RUNS/curve/"{s2300,s4600,s9200,s20000,e,l1,l3,f12000}; do
     OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$d" --sets gsm8k mbpp alpaca humaneval mtbench \
         --num-prompts 8 --max-new-tokens 96 --block-size 8 --out "$RUNS/curve/acc_$(basename "$d").json"
 done
