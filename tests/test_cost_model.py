@@ -148,3 +148,15 @@ def test_auto_is_lossless_with_measured_costs(arch, costs_dir):
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter)
     assert torch.equal(out, plain)
     assert len(list(costs_dir.glob("forward_costs-*.json"))) == 1  # measured once, for batch 3
+
+
+def test_sizes_kept_are_the_powers_of_two_and_real_departures():
+    # a float32-like curve: t(13..15) well above the line to t(16), t(3) below it; the rest within noise
+    seconds = {k: 0.05 + 0.005 * k for k in range(1, 17)} | {32: 0.25}
+    seconds |= {3: 0.05, 13: 0.175, 14: 0.18, 15: 0.172, 6: 0.08 * 1.05, 12: 0.11 * 0.95}
+    kept = cost_model._significant_points(seconds)
+    assert sorted(kept) == [1, 2, 3, 4, 8, 13, 14, 15, 16, 32]
+    assert all(kept[k] == seconds[k] for k in kept)
+    # explicit sizes that are not powers of two: the ends are the base
+    assert sorted(cost_model._significant_points({3: 1.0, 5: 2.0, 6: 2.5})) == [3, 6]
+    assert sorted(cost_model._significant_points({3: 1.0, 5: 3.0, 6: 2.5})) == [3, 5, 6]
