@@ -209,7 +209,8 @@ def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "method": "tree mask, significant sizes",  # what `measure_forward_costs` times: a change of method must not read old files
+        # what `measure_forward_costs` times: a change of method must not read old files
+        "method": "tree mask, significant sizes",
         **{k: list(v) if isinstance(v, tuple) else v for k, v in measure_kwargs.items()},
     }
 

@@ -329,12 +329,17 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         if self._draft_head_cache is not None and _same_states(self._draft_head_cache[0], state):
             return self._draft_head_cache[1]
         rows = None if self.draft_vocab is None else self.draft_vocab.to(weight.device)
+        weight, bias = weight.detach(), None if bias is None else bias.detach()  # drafts are an argmax: no gradient
         if rows is not None:
             weight, bias = weight[rows], None if bias is None else bias[rows]
         head = weight.to(dtype), None if bias is None else bias.to(dtype), rows
-        if head[0] is not output_head.weight:  # a copy: a strong reference to the target's own head would leak it
+        if head[0].data_ptr() != output_head.weight.data_ptr():  # a copy: keeping the target's own would leak it
             self._draft_head_cache = state, head
         return head
+
+    def __getstate__(self):
+        # weak references do not pickle (torch.save, deepcopy, multiprocessing): the cache is rebuilt on use
+        return {**self.__dict__, "_draft_head_cache": None}
 
     def draft_tokens(
         self, hidden_states: torch.Tensor, output_head: nn.Module, head=None, return_confidence=False, top_k=None

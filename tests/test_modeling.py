@@ -1,7 +1,9 @@
 """The drafter model: same function as the reference implementation, z-lab checkpoint layouts in and out, and
 `from_target` on every tiny architecture."""
 
+import copy
 import json
+import pickle
 
 import pytest
 import torch
@@ -322,4 +324,8 @@ def test_draft_head_gather_is_kept_until_its_inputs_change():
     # a head already in the drafter's dtype, unrestricted, is used as is and not kept
     drafter.set_draft_vocab(None)
     same_dtype = randomized(make_drafter(target))
-    assert same_dtype.draft_head(head)[0] is head.weight and same_dtype._draft_head_cache is None
+    assert same_dtype.draft_head(head)[0].data_ptr() == head.weight.data_ptr() and same_dtype._draft_head_cache is None
+    # a drafter holding the cache still copies and pickles (the cache is left out)
+    assert drafter.draft_head(head) is drafter._draft_head_cache[1]
+    for copied in (copy.deepcopy(drafter), pickle.loads(pickle.dumps(drafter))):
+        assert copied._draft_head_cache is None and torch.equal(copied.fc.weight, drafter.fc.weight)
