@@ -64,6 +64,9 @@ curve l3 9198 --num-layers 3
 curve f 9198 --init-from "$RUNS/curve/e" --learning-rate 3e-4 --seed 5 --max-steps 18000 --save-steps 2000
 # F ships the run's checkpoint at step 12,000 (lr down to 8.1e-5 of the cosine's 3e-4 peak): the run was stopped there to
 # leave the session time for measurement; `curve f ...` again (--resume) finishes the schedule.
+# G (training, not shipped yet): F's checkpoint 12,000 on all 20,869 samples, a 16,000-step cosine.
+curve g 20869 --init-from "$RUNS/curve/f/checkpoints/checkpoint-12000" --learning-rate 3e-4 --seed 7 \
+    --max-steps 16000 --save-steps 2000
 mkdir -p "$RUNS/curve/f12000"
 cp "$RUNS/curve/e/config.json" "$RUNS/curve/f/checkpoints/checkpoint-12000/model.safetensors" "$RUNS/curve/f12000/"
 
