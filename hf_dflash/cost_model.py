@@ -10,7 +10,7 @@ number of best-first tree nodes n that maximises expected committed tokens per s
     (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + drafting time),
 
 where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
-if the drafter is calibrated; `NodeCalibration` corrects them per slot by what the call has seen so far) and n = 0
+if the drafter is calibrated; `NodeCalibration` corrects them per depth by what the call has seen so far) and n = 0
 is a one-token step.
 """
 
@@ -72,19 +72,21 @@ def choose_tree_size(scores: torch.Tensor, costs: ForwardCosts, draft_seconds: f
 
 
 class NodeCalibration:
-    """How often the drafter's path probabilities come true, per tree slot, over one `generate` call.
+    """How often the drafter's path probabilities come true, per tree depth, over one `generate` call.
 
     A node's score is the chance the target accepts it only if the drafter is calibrated, and a drafter trained on
-    little data is overconfident, the more so for deep nodes and runners-up. `choose_tree_size` weighs the n-th best
-    node by its score, so the correction is kept per slot n (the n-th best node of a step's tree, whatever it is):
-    after each verification, the slot's score and whether the accepted path went through it are added up, and
-    `__call__` scales each slot's score by observed / predicted, shrunk toward 1 (the drafter's own word) as if
-    `prior_steps` steps had matched it."""
+    little data is overconfident, the more so for deep nodes (measured with the shipped SmolLM2 drafter, GSM8K and
+    MT-Bench, a 31-node tree: observed / predicted 0.88 at depth 1, 0.65-0.76 deeper, alike for best and runner-up
+    nodes). So after each verification the scores of the nodes at each depth and how many of them the accepted path
+    went through are added up, and `__call__` scales each node's score by its depth's observed / predicted, shrunk
+    toward 1 (the drafter's own word) as if `prior_steps` steps had matched it. Kept per depth rather than per
+    best-first slot: a step's tree has one node per slot but several per depth, and a slot deep in the order sees
+    rare hits whose noise "auto" would chase (one hit in 40 steps of a slot scored 0.01 would scale it by 2.4)."""
 
-    def __init__(self, max_nodes: int, prior_steps: float = 4.0):
-        self.predicted = torch.zeros(max_nodes, dtype=torch.float64)  # summed scores of slots 1..max_nodes
-        self.observed = torch.zeros(max_nodes, dtype=torch.float64)  # how often the accepted path went through
-        self.steps = torch.zeros(max_nodes, dtype=torch.float64)  # verifications (rows) that held the slot
+    def __init__(self, max_depth: int, prior_steps: float = 4.0):
+        self.predicted = torch.zeros(max_depth, dtype=torch.float64)  # summed scores of the nodes at depths 1..
+        self.observed = torch.zeros(max_depth, dtype=torch.float64)  # how many of them were on the accepted path
+        self.nodes = torch.zeros(max_depth, dtype=torch.float64)  # how many were verified
         self.prior_steps = prior_steps
 
     def update(self, tree: DraftTree, path: torch.LongTensor, accepted: torch.LongTensor) -> None:
@@ -94,19 +96,18 @@ class NodeCalibration:
         on_path = torch.zeros(rows, size + 1, dtype=torch.float64)
         depth = torch.arange(path.shape[1])
         on_path.scatter_(1, path.cpu(), (depth <= accepted.cpu()[:, None]).double())
-        self.predicted[:size] += tree.scores.cpu().double().sum(0)
-        self.observed[:size] += on_path[:, 1:].sum(0)
-        self.steps[:size] += rows
+        index = tree.depths[:, 1:].cpu().reshape(-1) - 1
+        self.predicted.index_add_(0, index, tree.scores.cpu().double().reshape(-1))
+        self.observed.index_add_(0, index, on_path[:, 1:].reshape(-1))
+        self.nodes.index_add_(0, index, torch.ones_like(index, dtype=torch.float64))
 
-    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
-        """`scores` [rows, N] of a tree's slots, each scaled by its slot's observed / predicted (shrunk), at most
-        1."""
-        size = scores.shape[1]
-        steps, predicted = self.steps[:size], self.predicted[:size]
-        mean = predicted / steps.clamp(min=1)  # the slot's average score
-        prior = self.prior_steps * mean
-        factor = torch.where(steps > 0, (self.observed[:size] + prior) / (predicted + prior).clamp(min=1e-12), 1.0)
-        return (scores * factor.to(scores.device, scores.dtype)).clamp(max=1.0)
+    def __call__(self, tree: DraftTree) -> torch.Tensor:
+        """The scores [rows, N] of `tree`'s nodes, each scaled by its depth's observed / predicted (shrunk), at
+        most 1."""
+        prior = self.prior_steps * self.predicted / self.nodes.clamp(min=1)  # prior_steps x the depth's mean score
+        factor = torch.where(self.nodes > 0, (self.observed + prior) / (self.predicted + prior).clamp(min=1e-12), 1.0)
+        scores = tree.scores
+        return (scores * factor[tree.depths[:, 1:].cpu() - 1].to(scores.device, scores.dtype)).clamp(max=1.0)
 
 
 @torch.no_grad()

@@ -268,7 +268,7 @@ class _Decoder:
             if tree_size == "auto":
                 self.costs = load_forward_costs(target, batch_size=batch)
                 tree_size = self.costs.max_tokens - 1  # the largest verification the curve covers
-                self.calibration = NodeCalibration(tree_size)
+                self.calibration = NodeCalibration(self.block_size - 1)
             self.tree_size = tree_size
             draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].shape[0]
             self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
@@ -326,7 +326,7 @@ class _Decoder:
         # the drafter's time per step (forward, head, tree; `build_tree` waits for the device), smoothed
         elapsed = time.perf_counter() - start
         self.draft_seconds = elapsed if self.draft_seconds is None else 0.8 * self.draft_seconds + 0.2 * elapsed
-        num_drafts = choose_tree_size(self.calibration(tree.scores), self.costs, self.draft_seconds)
+        num_drafts = choose_tree_size(self.calibration(tree), self.costs, self.draft_seconds)
         return tree.first(num_drafts) if num_drafts else None
 
     def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> tuple:

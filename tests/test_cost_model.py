@@ -48,27 +48,31 @@ def test_chooser_on_synthetic_curves():
 
 
 def test_node_calibration_tempers_an_overconfident_drafter():
-    # a root with two children (slots 1 and 3) and a grandchild (slot 2): scores 0.9, 0.8, 0.1; the target always
-    # takes slot 1 and never slot 2 or 3
+    # a root with two children (slots 1 and 3, depth 1) and a grandchild (slot 2, depth 2): scores 0.9, 0.8, 0.1;
+    # the target always takes slot 1 and never slot 2 or 3
     tree = DraftTree(
         tokens=torch.tensor([[5, 6, 7, 8]]), parents=torch.tensor([[-1, 0, 1, 0]]), depths=torch.tensor([[0, 1, 2, 1]]),
         scores=torch.tensor([[0.9, 0.8, 0.1]], dtype=torch.float64),
     )
-    calibration = NodeCalibration(max_nodes=5, prior_steps=4)
-    assert torch.equal(calibration(tree.scores), tree.scores)  # nothing seen yet: the drafter's own scores
+    calibration = NodeCalibration(max_depth=3, prior_steps=4)
+    assert torch.equal(calibration(tree), tree.scores)  # nothing seen yet: the drafter's own scores
     for _ in range(16):
         calibration.update(tree, path=torch.tensor([[0, 1, 0]]), accepted=torch.tensor([1]))
-    assert calibration.observed.tolist() == [16, 0, 0, 0, 0]
-    # (observed + 4 x the slot's mean score) / (predicted + 4 x the mean score)
-    expected = [(16 + 3.6) / (14.4 + 3.6) * 0.9, 3.2 / (12.8 + 3.2) * 0.8, 0.4 / (1.6 + 0.4) * 0.1]
-    assert calibration(tree.scores)[0].tolist() == pytest.approx([min(e, 1.0) for e in expected])
+    assert calibration.observed.tolist() == [16, 0, 0]
+    assert calibration.predicted.tolist() == pytest.approx([16 * 1.0, 16 * 0.8, 0])
+    # per depth: (observed + 4 x the depth's mean score) / (predicted + 4 x the mean score); depth 1's nodes score
+    # 0.5 on average (0.9 and 0.1) and were taken half the time: calibrated
+    depth2 = 3.2 / (12.8 + 3.2)
+    assert calibration(tree)[0].tolist() == pytest.approx([0.9, depth2 * 0.8, 0.1])
     assert choose_tree_size(tree.scores, FLAT) == 3
-    assert choose_tree_size(calibration(tree.scores), CPU) == 1  # the deep and second-best nodes stopped paying
+    gentle = ForwardCosts((1, 2, 3, 4), (0.010, 0.011, 0.013, 0.020))
+    assert choose_tree_size(tree.scores, gentle) == 2  # 2.7 tokens in 1.3 steps
+    assert choose_tree_size(calibration(tree), gentle) == 1  # the deep node stopped paying
     # a batch of two rows: one accepted slots 1 and 2, the other nothing
     calibration.update(DraftTree(tree.tokens.repeat(2, 1), tree.parents.repeat(2, 1), tree.depths.repeat(2, 1),
                                  tree.scores.repeat(2, 1)), torch.tensor([[0, 1, 2], [0, 0, 0]]), torch.tensor([2, 0]))
-    assert calibration.observed.tolist() == [17, 1, 0, 0, 0]
-    assert calibration.steps.tolist() == [18, 18, 18, 0, 0]
+    assert calibration.observed.tolist() == [17, 1, 0]
+    assert calibration.nodes.tolist() == [36, 18, 0]
 
 
 def test_measure_and_cache(costs_dir, monkeypatch):
