@@ -45,7 +45,7 @@ OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$RUNS/drafter-c" 
 
 # 5. Learning curve: from scratch, one schedule (4,000 steps of 2 sequences x 32 anchors, lr 6e-4, seed 3, one thread)
 #    on the first 2,300 / 4,600 / 9,198 / 20,000 samples; and drafter E, from D2 on all 9,198 (4,000 steps, lr 3e-4, seed 4).
-#    The layer sweep: the s9200 run with 1 and 3 drafter layers. Drafter F: E trained 18,000 more steps on all 9,198
+#    The sweep: the s9200 run with 1 and 3 drafter layers, with 5 target layers, with block 16. Drafter F: E trained 18,000 more steps on all 9,198
 #    samples (lr 3e-4, cosine, seed 5; about 1.5 hours beside another run, checkpoints every 2,000 steps).
 curve() {  # NAME SAMPLES [extra train args]
     local name=$1 samples=$2; shift 2
@@ -61,6 +61,8 @@ curve s20000 20000
 curve e 9198 --init-from "$RUNS/ship/d2" --learning-rate 3e-4 --seed 4
 curve l1 9198 --num-layers 1
 curve l3 9198 --num-layers 3
+curve t5 9198 --target-layer-ids 1 8 14 20 27
+curve b16 9198 --block-size 16
 curve f 9198 --init-from "$RUNS/curve/e" --learning-rate 3e-4 --seed 5 --max-steps 18000 --save-steps 2000
 # F ships the run's checkpoint at step 12,000 (lr down to 8.1e-5 of the cosine's 3e-4 peak): the run was stopped there to
 # leave the session time for measurement; `curve f ...` again (--resume) finishes the schedule.
@@ -71,7 +73,7 @@ mkdir -p "$RUNS/curve/f12000"
 cp "$RUNS/curve/e/config.json" "$RUNS/curve/f/checkpoints/checkpoint-12000/model.safetensors" "$RUNS/curve/f12000/"
 
 # 6. Acceptance on held-out prompts (float32 target, block 8, the chain, every block verified), the five sets.
-for d in "$RUNS/ship/d2" "$RUNS/curve/"{s2300,s4600,s9200,s20000,e,l1,l3,f12000}; do
+for d in "$RUNS/ship/d2" "$RUNS/curve/"{s2300,s4600,s9200,s20000,e,l1,l3,t5,b16,f12000}; do
     OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$d" --sets gsm8k mbpp alpaca humaneval mtbench \
         --num-prompts 8 --max-new-tokens 96 --block-size 8 --out "$RUNS/curve/acc_$(basename "$d").json"
 done
