@@ -75,7 +75,7 @@ class NodeCalibration:
     """How often the drafter's path probabilities come true, per tree depth, over one `generate` call.
 
     A node's score is the chance the target accepts it only if the drafter is calibrated, and a drafter trained on
-    little data is overconfident, the more so for deep nodes (measured with the shipped SmolLM2 drafter, GSM8K and
+    little data is overconfident, the more so for deep nodes (measured with SmolLM2 drafter F, GSM8K and
     MT-Bench, a 31-node tree: observed / predicted 0.88 at depth 1, 0.65-0.76 deeper, alike for best and runner-up
     nodes). So after each verification the scores of the nodes at each depth and how many of them the accepted path
     went through are added up, and `__call__` scales each node's score by its depth's observed / predicted, shrunk

@@ -3,7 +3,7 @@ curve with the significant sizes up to 16 (B), interleaved per prompt, one threa
 
     OMP_NUM_THREADS=1 python examples/drafters/cost_curve_ab.py float32 6 128   # DTYPE PROMPTS_PER_SET NEW_TOKENS
 """
-import sys, time, json, torch
+import sys, time, torch
 import hf_dflash, hf_dflash.generation as gen
 from hf_dflash.cost_model import measure_forward_costs
 from hf_dflash.bench import load_prompt_set, chat_inputs
