@@ -101,8 +101,8 @@ def tree_attention_mask(tree: DraftTree, valid: torch.BoolTensor, cache, dtype: 
     """The target's attention mask for verifying `tree`: each node sees the valid cache slots and its ancestors.
 
     Additive 4-D masks `[rows, 1, T, keys]` (transformers uses a 4-D mask as given, and eager attention adds it).
-    `valid` [rows, S] marks the real cache slots; they are left-padded, so slot j of a row sits at position
-    `next_pos - S + j` and a node at depth d at `next_pos + d`. Sliding-window layers return only their window of
+    `valid` [rows, S] marks the real cache slots; with sliding-window layers they are left-padded, so slot j of a
+    row sits at position `next_pos - S + j` and a node at depth d at `next_pos + d`. Sliding-window layers return only their window of
     the old slots plus the block, and see a key only within the window, counted in positions: they get their own
     mask, and a target with both kinds of layers gets `{"full_attention": ..., "sliding_attention": ...}`, the
     per-layer-type mapping transformers' hybrid models accept.

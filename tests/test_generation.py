@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from hf_dflash import generation
+
 from conftest import ARCHITECTURES, ForwardCounter, left_padded, make_drafter, make_target
 
 
@@ -42,8 +44,19 @@ def test_oracle_drafter_matches_plain_greedy(arch, correct_upto, oracle):
         assert max(taus) == 1.0
 
 
-def test_batched_equals_each_row_alone(oracle):
-    target = make_target("gemma3")  # sliding windows shorter than the outputs
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
+def test_batched_equals_each_row_alone(arch, oracle, monkeypatch):
+    """Rows keeping different numbers of verified slots: gemma3 (sliding windows shorter than the outputs) moves
+    each row's rejected slots to its left end; qwen3 (full attention only) leaves them in place, masked."""
+    holes, uneven = [], []  # per call: holes allowed; per step: rows kept different numbers of slots
+    allowed, keep_verified = generation._holes_allowed, generation._keep_verified
+    monkeypatch.setattr(generation, "_holes_allowed", lambda *a: holes.append(allowed(*a)) or holes[-1])
+    monkeypatch.setattr(
+        generation, "_keep_verified",
+        lambda cache, valid, keep, shift: uneven.append(len(set(keep.sum(-1).tolist())) > 1)
+        or keep_verified(cache, valid, keep, shift),
+    )
+    target = make_target(arch)
     drafter = make_drafter(target, block_size=4)
     ids, mask = left_padded(4, lengths=[3, 9, 6, 1])
     oracle(correct_upto="random", seed=3)
@@ -52,6 +65,8 @@ def test_batched_equals_each_row_alone(oracle):
         start = int((mask[row] == 0).sum())
         alone = target.generate(ids[row : row + 1, start:], do_sample=False, max_new_tokens=30, assistant_model=drafter)
         assert torch.equal(alone[0], batched[row, start:])
+    assert holes == [arch == "qwen3"] * 5  # the batch, then each row alone
+    assert sum(uneven) >= 3
 
 
 def test_accepts_several_tokens_per_target_forward(oracle):
