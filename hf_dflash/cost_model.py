@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
 from .tree import DraftTree, tree_attention_mask
@@ -118,7 +119,12 @@ def measure_forward_costs(
     verifies a tree of k - 1 drafts (a tree attention mask, hidden states, logits at every position), on the
     target's device and dtype (`time_forwards`); the sizes kept are `_significant_points`. Random token ids; about
     ten seconds for a 135M model on one CPU thread in float32."""
-    timed = time_forwards(target, sizes, context, batch_size=batch_size, repeats=repeats, tree=True)
+    # the first "auto" generate at a new model / device / dtype / batch size waits for this: say why
+    timed = time_forwards(
+        target, sizes, context, batch_size=batch_size, repeats=repeats, tree=True,
+        progress=f"hf-dflash: timing the target's forwards for draft_tree_size='auto' (batch {batch_size}; once, "
+        "then cached)",
+    )
     seconds = _significant_points(timed)
     return ForwardCosts(tuple(sorted(seconds)), tuple(seconds[k] for k in sorted(seconds)))
 
@@ -135,13 +141,15 @@ def _significant_points(seconds: dict, departure: float = DEPARTURE) -> dict:
 
 
 @torch.no_grad()
-def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int = 10, tree: bool = False) -> dict:
+def time_forwards(
+    target, sizes, context: int, batch_size: int = 1, repeats: int = 10, tree: bool = False, progress: str | None = None
+) -> dict:
     """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
     verifies: hidden states and logits at every position; a chain with the causal mask (no padding), a tree
     (`tree=True`) with a tree attention mask of k slots (`hf_dflash.tree.tree_attention_mask`, whose cost depends on
     its size, not its shape). The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift
     (another job, clocks) reaches all of them alike; the median of each. On the target's device and dtype; random
-    token ids."""
+    token ids. `progress`: a progress bar's description (None: no bar)."""
     sizes = sorted(set(sizes))
     device = target.device
     generator = torch.Generator().manual_seed(0)
@@ -158,7 +166,7 @@ def time_forwards(target, sizes, context: int, batch_size: int = 1, repeats: int
         positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
         inputs[k] = dict(input_ids=chain.tokens, attention_mask=mask, position_ids=positions)
     runs = {k: [] for k in sizes}
-    for _ in range(repeats + 1):
+    for _ in tqdm(range(repeats + 1), desc=progress, unit="round", disable=progress is None):
         for k in sizes:
             began = now(device)
             target(**inputs[k], cache=cache, use_cache=True, output_hidden_states=True)
