@@ -40,7 +40,7 @@ from transformers.utils import logging
 from .cost_model import NodeCalibration, choose_tree_size, load_forward_costs
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
-from .tree import DraftTree, build_tree, gather_path, tree_attention_mask
+from .tree import DraftTree, build_tree, gather_path, greedy_paths, tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
@@ -266,7 +266,7 @@ class _Decoder:
         self.head = target.get_output_embeddings()
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
         self.tree_size, self.costs, self.draft_seconds, self.calibration = 0, None, None, None
-        self.holes = False  # whether rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
+        self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
             if tree_size == "auto":
                 self.costs = load_forward_costs(target, batch_size=batch)
@@ -422,29 +422,20 @@ class _Decoder:
         return tokens, kept, scores, path
 
     def _verify_greedy(self, logits: torch.Tensor, tree: DraftTree):
-        """`verify` when every slot's choice is its own argmax (greedy, processors that ignore the ids): all slots
-        chosen at once, then the walk down the tree on the host (a few dozen slots: cheaper than a device op per
-        depth). The same outputs as the walk in `verify`, except `scores`: None when `commit` does not read them."""
+        """`verify` when every slot's choice is its own argmax (greedy, processors that ignore the ids): the walk
+        down the tree on the host (`greedy_paths`). The same outputs as the walk in `verify`, except `scores`: None
+        when `commit` does not read them."""
         rows, slots, vocab = logits.shape
         scores = logits
         if self.processors:
             scores = self.process(logits.reshape(rows * slots, vocab), tree.tokens[:, :0], None).view(logits.shape)
-        # `max` rather than `argmax`: the same first index of the maximum (the float32 upcast of `generate` is
-        # exact), about 3x faster on a CPU
-        choices, parents, tokens = (t.tolist() for t in (scores.max(-1).indices, tree.parents, tree.tokens))
-        paths = []
-        for choice, parent, token in zip(choices, parents, tokens):
-            path = [0]  # from the root: on to the child that drafted the target's choice, while there is one
-            for slot in range(1, slots):  # parents come before their children
-                if parent[slot] == path[-1] and token[slot] == choice[path[-1]]:
-                    path.append(slot)
-            paths.append(path)
+        paths, choices = greedy_paths(scores, tree)
         length = int(tree.depths.max()) + 1
         device = logits.device
         kept = torch.tensor([len(path) for path in paths], device=device)
         kept = torch.minimum(kept, self.config.max_length - self.lengths[self.rows])  # never past max_length
         path = torch.tensor([p + [0] * (length - len(p)) for p in paths], device=device)  # [rows, L]
-        tokens = torch.tensor([[c[slot] for slot in p] for c, p in zip(choices, path.tolist())], device=device)
+        tokens = torch.tensor([c + [0] * (length - len(c)) for c in choices], device=device)  # [rows, L]
         if self.eos_ids is not None:  # `_commit_at_once` reads no scores
             return tokens, kept, None, path
         index = path[..., None].expand(-1, -1, vocab)

@@ -102,10 +102,10 @@ def tree_attention_mask(tree: DraftTree, valid: torch.BoolTensor, cache, dtype: 
 
     Additive 4-D masks `[rows, 1, T, keys]` (transformers uses a 4-D mask as given, and eager attention adds it).
     `valid` [rows, S] marks the real cache slots; with sliding-window layers they are left-padded, so slot j of a
-    row sits at position `next_pos - S + j` and a node at depth d at `next_pos + d`. Sliding-window layers return only their window of
-    the old slots plus the block, and see a key only within the window, counted in positions: they get their own
-    mask, and a target with both kinds of layers gets `{"full_attention": ..., "sliding_attention": ...}`, the
-    per-layer-type mapping transformers' hybrid models accept.
+    row sits at position `next_pos - S + j` and a node at depth d at `next_pos + d`. Sliding-window layers return
+    only their window of the old slots plus the block, and see a key only within the window, counted in positions:
+    they get their own mask, and a target with both kinds of layers gets `{"full_attention": ...,
+    "sliding_attention": ...}`, the per-layer-type mapping transformers' hybrid models accept.
     """
     family = ancestors(tree)  # [rows, T, T]
     rows, length = tree.tokens.shape
@@ -129,6 +129,38 @@ def tree_attention_mask(tree: DraftTree, valid: torch.BoolTensor, cache, dtype: 
         mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
         masks[kind] = mask.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
     return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+def greedy_paths(scores: torch.Tensor, tree: DraftTree) -> tuple[list[list[int]], list[list[int]]]:
+    """Each row's greedy walk down `tree`: from the root on to the child that drafted the best-scoring token after
+    the current slot, while there is one. `scores` [rows, slots, vocab]. Returns per row the path's slots and the
+    token chosen after each (the accepted drafts, then the target's own).
+
+    A chain takes every slot's maximum in one op: its slots are all visited when its drafts are right. A tree takes
+    one op per depth over the slots the walks reached: most of its nodes are off the accepted path, and the maximum
+    over every node took 1.4 % of a step (31 nodes, bfloat16, one CPU thread). `max` rather than `argmax`: the same
+    first index of the maximum (the float32 upcast of `generate` is exact), about 3x faster on a CPU."""
+    rows, slots, _ = scores.shape
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    every = scores.max(-1).indices.tolist() if tree.is_chain else None
+    paths, choices = [[0] for _ in range(rows)], [[] for _ in range(rows)]
+    live = list(range(rows))
+    while live:
+        at = [paths[r][-1] for r in live]
+        if every is None:
+            best = scores[live, at].max(-1).indices.tolist()
+        else:
+            best = [every[r][slot] for r, slot in zip(live, at)]
+        still = []
+        for r, slot, choice in zip(live, at, best):
+            choices[r].append(choice)
+            # parents come before their children, and siblings hold distinct tokens
+            child = next((k for k in range(slot + 1, slots) if parents[r][k] == slot and tokens[r][k] == choice), None)
+            if child is not None:
+                paths[r].append(child)
+                still.append(r)
+        live = still
+    return paths, choices
 
 
 def gather_path(cache, path: torch.LongTensor, block_len: int) -> None:

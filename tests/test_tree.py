@@ -16,7 +16,7 @@ from conftest import (
 )
 from hf_dflash import DFlashDraftModel
 from hf_dflash.generation import _Decoder
-from hf_dflash.tree import DraftTree, ancestors, build_tree
+from hf_dflash.tree import DraftTree, ancestors, build_tree, greedy_paths
 from test_sampling import NEW_TOKENS, PROMPT, SAMPLES, SETTINGS, exact_distribution, g_test
 
 _REAL_CANDIDATES = _Decoder.drafter_candidates
@@ -127,6 +127,31 @@ def test_build_tree_random_properties():
     p = probs[0, :2, :3].double()
     paths = sorted([float(p[0, a]) for a in range(3)] + [float(p[0, a] * p[1, b]) for a in range(3) for b in range(3)])
     torch.testing.assert_close(tree.scores[0], torch.tensor(paths[::-1][:5], dtype=torch.float64))
+
+
+def test_greedy_paths_follow_the_argmax_down_the_tree():
+    """Per depth over the reached slots (a tree) or every slot at once (a chain): the same walk as a brute force."""
+    g = torch.Generator().manual_seed(1)
+    rows, depth, k, vocab = 6, 4, 3, 5  # a small vocabulary: the argmax is often a drafted token, and ties occur
+    probs = torch.rand(rows, depth, k, generator=g).sort(-1, descending=True).values
+    ids = torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(rows * depth)]).view(rows, depth, k)
+    tree = build_tree(torch.zeros(rows, dtype=torch.long), ids, probs, budget=20)
+    scores = torch.randint(0, 3, (rows, tree.tokens.shape[1], vocab), generator=g).float()
+    for walk in (tree, DraftTree(tree.tokens, tree.parents, tree.depths, tree.scores, is_chain=True)):
+        paths, choices = greedy_paths(scores, walk)
+        for r in range(rows):
+            slot, expected_path, expected_choices = 0, [0], []
+            while True:
+                choice = int(scores[r, slot].argmax())  # the first maximum, as plain greedy decoding takes
+                expected_choices.append(choice)
+                slots = range(tree.tokens.shape[1])
+                child = [c for c in slots if tree.parents[r, c] == slot and tree.tokens[r, c] == choice]
+                if not child:
+                    break
+                slot = child[0]
+                expected_path.append(slot)
+            assert paths[r] == expected_path and choices[r] == expected_choices
+    assert max(len(p) for p in paths) > 1  # some walks went down the tree
 
 
 # --- accepting what the tree holds ------------------------------------------------------------------------------
