@@ -300,8 +300,8 @@ def benchmark(
     "auto"; default: the drafter's own); baselines are measured in the first one's runs only.
 
     `oracle=True` (greedy only): the DFlash calls draft the target's own greedy continuation after the real drafter
-    ran (`hf_dflash.oracle`; precomputed from the plain call, recomputed from the committed text, untimed, where a
-    near-tie left it), and each run reports the loop's speedup, the ceiling from forwards timed in the same run
+    ran (`hf_dflash.oracle`; precomputed from the plain call, recomputed from the committed text where a near-tie
+    left it; the oracle's own work untimed), and each run reports the loop's speedup, the ceiling from forwards timed in the same run
     (B x t(1) / t(B) for a chain; `oracle_repeats` timings of each size) and their ratio."""
     from tqdm.auto import tqdm
 
@@ -494,6 +494,7 @@ def _oracle_summary(run: dict, target, time_forwards, ceiling, repeats: int) -> 
         "wrong_steps": sum(r["oracle"]["wrong_steps"] for r in run["prompts"]),
         "resyncs": sum(len(r["oracle"]["resyncs"]) for r in run["prompts"]),
         "resync_seconds": sum(r["oracle"]["resync_seconds"] for r in run["prompts"]),
+        "untimed_seconds": sum(r["oracle"]["untimed_seconds"] for r in run["prompts"]),
     }
 
 

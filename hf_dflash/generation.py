@@ -637,7 +637,7 @@ def _holes_allowed(target, cache) -> bool:
     """Whether rejected slots may stay in the cache as masked holes: every layer full attention (a sliding window
     counts slots, so a hole would shorten it) through an explicit dense mask (eager, sdpa: a hole is a masked key
     like a padding one). Moving them to the left end instead copies every row that kept less, every layer, every
-    step: about 2 % of a batch-4 step on a CPU."""
+    step: at batch 4 in bfloat16 on a CPU, holes made "auto" 2-3 % faster and a 16-node tree 5-8 %."""
     implementation = target.config.get_text_config()._attn_implementation
     return implementation in ("eager", "sdpa") and all(type(layer) is DynamicLayer for layer in cache.layers)
 

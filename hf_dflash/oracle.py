@@ -9,8 +9,9 @@ the benchmark makes anyway), so the measured speedup over the ceiling is the loo
 `hf_dflash.bench.benchmark(..., oracle=True)` measures both in the same run.
 
 In bfloat16 a verification over B tokens may round a near-tie differently from one-token forwards, so the committed
-text can leave the precomputed continuation; the oracle then recomputes the continuation from the committed text,
-inside a pause of the benchmark's timer, so that time is not the loop's.
+text can leave the precomputed continuation; the oracle then recomputes the continuation from the committed text.
+That, and the oracle's own bookkeeping (placing its drafts, counting rejected ones), run inside pauses of the
+benchmark's timer, so their time is not the loop's.
 
 Random targets (`build_random_models`): a named shape (`RANDOM_SHAPES`) or a config file built with random weights on
 any device, with a matching random drafter, so the measurement runs on a GPU without downloading weights.
@@ -56,8 +57,9 @@ class OracleDrafts:
     `continuation` [batch, W]: each row's plain greedy new tokens (W = max_new_tokens; pad after a stop);
     `prompt_mask` [batch, prompt_len] (None: no padding); `stop_ids`: the stop tokens (a row's continuation ends
     at the first, and tokens past it are no drafts). `pause`: a context manager factory the caller's timer
-    provides; recomputing a continuation runs inside it. Counted: `wrong_steps` (verifications that rejected a
-    draft the oracle placed), `resyncs` (the generated length at each recomputation) and `resync_seconds`.
+    provides; the oracle's own work (`untimed`: placing drafts, counting rejected ones, recomputing a continuation)
+    runs inside it. Counted: `wrong_steps` (verifications that rejected a draft the oracle placed), `resyncs` (the
+    generated length at each recomputation), `resync_seconds`, and `untimed_seconds` (all of the oracle's work).
     """
 
     def __init__(self, continuation: torch.LongTensor, prompt_mask=None, pad_token_id: int = 0, stop_ids=(),
@@ -72,6 +74,7 @@ class OracleDrafts:
         self.wrong_steps = 0
         self.resyncs: list[int] = []
         self.resync_seconds = 0.0
+        self.untimed_seconds = 0.0
 
     @classmethod
     def from_plain(cls, sequences, prompt_len: int, max_new_tokens: int, prompt_mask=None, pad_token_id: int = 0,
@@ -88,9 +91,23 @@ class OracleDrafts:
         first = torch.where(stops, torch.arange(width, device=stops.device), width).min(-1).values
         return torch.clamp(first + 1, max=width)
 
+    @contextlib.contextmanager
+    def untimed(self, device):
+        """The oracle's own work: not the loop's, so inside a pause of the caller's timer (counted apart)."""
+        with self.pause():
+            began = now(device)
+            try:
+                yield
+            finally:
+                self.untimed_seconds += now(device) - began
+
     def drafts(self, decoder: _Decoder, count: int) -> torch.LongTensor:
         """The next `count` tokens of each live row's greedy continuation [rows, count] (pad past its end),
         recomputed first for rows whose committed text left it."""
+        with self.untimed(decoder.target.device):
+            return self._drafts(decoder, count)
+
+    def _drafts(self, decoder: _Decoder, count: int) -> torch.LongTensor:
         rows, start = decoder.rows, decoder.prompt_len
         width = self.continuation.shape[1]
         generated = decoder.lengths[rows] - start  # [rows]
@@ -107,23 +124,22 @@ class OracleDrafts:
 
     def _resync(self, decoder: _Decoder, row: int) -> None:
         """Batch row `row`'s continuation recomputed from its committed text by plain greedy `generate` (the same
-        call that precomputed it), in a pause of the caller's timer."""
+        call that precomputed it); called inside `untimed`."""
         target, start = decoder.target, decoder.prompt_len
         length = int(decoder.lengths[row])
-        with self.pause():
-            began = now(target.device)
-            ids = decoder.sequences[row : row + 1, :length]
-            mask = torch.ones_like(ids)
-            if self.prompt_mask is not None:
-                mask[:, :start] = self.prompt_mask[row : row + 1]
-            width = self.continuation.shape[1]
-            out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=width - (length - start),
-                                  do_sample=False, pad_token_id=self.pad_token_id)
-            new = out[0, start : start + width]
-            self.continuation[row] = self.pad_token_id
-            self.continuation[row, : new.shape[0]] = new
-            self.ends[row] = self._ends(self.continuation[row : row + 1])[0]
-            self.resync_seconds += now(target.device) - began
+        began = now(target.device)
+        ids = decoder.sequences[row : row + 1, :length]
+        mask = torch.ones_like(ids)
+        if self.prompt_mask is not None:
+            mask[:, :start] = self.prompt_mask[row : row + 1]
+        width = self.continuation.shape[1]
+        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=width - (length - start),
+                              do_sample=False, pad_token_id=self.pad_token_id)
+        new = out[0, start : start + width]
+        self.continuation[row] = self.pad_token_id
+        self.continuation[row, : new.shape[0]] = new
+        self.ends[row] = self._ends(self.continuation[row : row + 1])[0]
+        self.resync_seconds += now(target.device) - began
         self.resyncs.append(length - start)
 
     def count_wrong(self, decoder: _Decoder, tree, kept: torch.LongTensor) -> None:
@@ -133,6 +149,10 @@ class OracleDrafts:
         fewer than them, unless `max_length` cut it."""
         if tree.num_drafts == 0:  # the prefill, or a step without drafts: nothing placed
             return
+        with self.untimed(decoder.target.device):
+            self._count_wrong(decoder, tree, kept)
+
+    def _count_wrong(self, decoder: _Decoder, tree, kept: torch.LongTensor) -> None:
         slots = torch.arange(1, tree.tokens.shape[1], device=tree.depths.device)
         on_chain = (tree.depths[:, 1:] == slots).long().cumprod(-1).sum(-1)  # [rows]
         placed = torch.minimum(on_chain.to(kept.device), self.placed.to(kept.device))
@@ -140,7 +160,8 @@ class OracleDrafts:
         self.wrong_steps += int(((kept - 1 < placed) & ~cut).sum())
 
     def record(self) -> dict:
-        return {"wrong_steps": self.wrong_steps, "resyncs": list(self.resyncs), "resync_seconds": self.resync_seconds}
+        return {"wrong_steps": self.wrong_steps, "resyncs": list(self.resyncs), "resync_seconds": self.resync_seconds,
+                "untimed_seconds": self.untimed_seconds}
 
 
 class OracleDecoder(_Decoder):
@@ -164,11 +185,12 @@ class OracleDecoder(_Decoder):
         measures what verifying them costs."""
         ids, probs = super().drafter_candidates(newest, verify_len, k)  # [rows, D, k]
         right = self.oracle.drafts(self, verify_len - 1).to(ids.device)  # [rows, D]
-        ids, probs = ids.clone(), probs.clone()
-        rank = (ids == right[..., None]).long().argmax(-1, keepdim=True)  # 0 where the drafter lacks it
-        ids.scatter_(-1, rank, ids[..., :1].clone())  # the old first candidate moves to the right token's rank
-        ids[..., 0] = right
-        probs[..., 0] = 1.0
+        with self.oracle.untimed(ids.device):
+            ids, probs = ids.clone(), probs.clone()
+            rank = (ids == right[..., None]).long().argmax(-1, keepdim=True)  # 0 where the drafter lacks it
+            ids.scatter_(-1, rank, ids[..., :1].clone())  # the old first candidate moves to the right token's rank
+            ids[..., 0] = right
+            probs[..., 0] = 1.0
         return ids, probs
 
     def verify(self, logits, tree):

@@ -224,8 +224,9 @@ def test_oracle_drafts_are_all_right(setup):
         assert run["oracle"]["wrong_steps"] == run["oracle"]["resyncs"] == 0
         assert run["summary"]["identical"] is True
         _oracle_checks(run)
-        for record in run["prompts"]:
-            assert record["dflash"]["phases"]["paused"] == 0
+        for record in run["prompts"]:  # the oracle's own work (placing its drafts, counting wrong ones) is untimed
+            assert record["oracle"]["resync_seconds"] == 0
+            assert record["dflash"]["phases"]["paused"] >= record["oracle"]["untimed_seconds"] > 0
     lines = results["markdown"].splitlines()
     at = lines.index("| set | batch | block | tree | tau | wrong drafts | resyncs | t(1) ms | t(verified) ms | speedup "
                      "| decode speedup | ceiling | decode speedup / ceiling | ceiling of its steps "
