@@ -136,13 +136,15 @@ def greedy_paths(scores: torch.Tensor, tree: DraftTree) -> tuple[list[list[int]]
     the current slot, while there is one. `scores` [rows, slots, vocab]. Returns per row the path's slots and the
     token chosen after each (the accepted drafts, then the target's own).
 
-    A chain takes every slot's maximum in one op: its slots are all visited when its drafts are right. A tree takes
-    one op per depth over the slots the walks reached: most of its nodes are off the accepted path, and the maximum
-    over every node took 1.4 % of a step (31 nodes, bfloat16, one CPU thread). `max` rather than `argmax`: the same
-    first index of the maximum (the float32 upcast of `generate` is exact), about 3x faster on a CPU."""
+    A chain takes every slot's maximum in one op: its slots are all visited when its drafts are right. On a CPU a
+    tree takes one op per depth over the slots the walks reached: most of its nodes are off the accepted path, and
+    the maximum over every node took 1.4 % of a step (31 nodes, bfloat16, one thread). An accelerator takes every
+    node's at once (one host round trip instead of one per depth; not measured). `max` rather than `argmax`: the
+    same first index of the maximum (the float32 upcast of `generate` is exact), about 3x faster on a CPU."""
     rows, slots, _ = scores.shape
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
-    every = scores.max(-1).indices.tolist() if tree.is_chain else None
+    at_once = tree.is_chain or scores.device.type != "cpu"
+    every = scores.max(-1).indices.tolist() if at_once else None
     paths, choices = [[0] for _ in range(rows)], [[] for _ in range(rows)]
     live = list(range(rows))
     while live:
