@@ -129,6 +129,22 @@ def test_build_tree_random_properties():
     torch.testing.assert_close(tree.scores[0], torch.tensor(paths[::-1][:5], dtype=torch.float64))
 
 
+def test_ancestors_of_random_trees():
+    g = torch.Generator().manual_seed(2)
+    for depth, k, budget in ((1, 4, 3), (3, 3, 12), (7, 5, 31), (9, 2, 40)):
+        probs = torch.rand(3, depth, k, generator=g).sort(-1, descending=True).values
+        tree = build_tree(torch.zeros(3, dtype=torch.long), torch.randint(0, 50, (3, depth, k), generator=g), probs,
+                          budget)
+        family = ancestors(tree)
+        for r in range(3):
+            for i in range(tree.tokens.shape[1]):
+                line, j = [], i
+                while j >= 0:  # up the parents to the root
+                    line.append(j)
+                    j = int(tree.parents[r, j])
+                assert family[r, i].nonzero().view(-1).tolist() == sorted(line)
+
+
 def test_greedy_paths_follow_the_argmax_down_the_tree():
     """Per depth over the reached slots (a tree) or every slot at once (a chain): the same walk as a brute force."""
     g = torch.Generator().manual_seed(1)
