@@ -2,6 +2,7 @@
 
     hf-dflash demo                       # speculative decoding on the packaged SmolLM2-135M-Instruct
     hf-dflash prepare-data --target ID --prompts prompts.jsonl --output data.jsonl
+    hf-dflash store-features --target ID --data data.jsonl --output store   # rebuild a lost feature store
     hf-dflash train --target ID --data data.jsonl --output my-drafter --num-layers 2 --block-size 8
     hf-dflash bench --drafter my-drafter --sets gsm8k mbpp alpaca --num-prompts 8 --output-dir bench_out
 """
@@ -133,6 +134,21 @@ def prepare_data_cmd(args) -> int:
     return 0
 
 
+def store_features_cmd(args) -> int:
+    import torch
+
+    from .data import store_features
+
+    torch.set_num_threads(args.threads)
+    target, _ = _load_target(args.target, args.dtype)
+    written = store_features(
+        target, args.data, args.output, target_layer_ids=args.target_layer_ids,
+        num_draft_layers=args.num_draft_layers, target_topk=args.target_topk, batch_size=args.batch_size,
+    )
+    print(f"wrote the features of {written} samples to {args.output}")
+    return 0
+
+
 def train_cmd(args) -> int:
     from .training import TrainingConfig, train
 
@@ -259,6 +275,16 @@ def _add_training_args(parser) -> None:
             parser.add_argument(flag, type=base, default=default, required=required, help=help_text)
 
 
+def _store_arguments(p) -> None:
+    """What a feature store holds: shared by prepare-data --save-features and store-features."""
+    p.add_argument("--target-layer-ids", type=int, nargs="+",
+                   help="target layers to store (default: the DFlash rule for --num-draft-layers)")
+    p.add_argument("--num-draft-layers", type=int, default=1,
+                   help="layers of the planned drafter, for the default --target-layer-ids")
+    p.add_argument("--target-topk", type=int, default=0,
+                   help="also store the target's top-K next-token probabilities (for train --loss lk); 0: none")
+
+
 _DTYPE_HELP = ("dtype of the target: auto = bfloat16 where the device computes it natively (CPUs with "
                "AVX512-BF16/AMX, GPUs), else float32")
 _DRAFTER_DTYPE_HELP = ("dtype of the drafter: auto = bfloat16 where the device computes it natively, else float32. "
@@ -301,13 +327,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-features", metavar="DIR",
                    help="also store the target's features of every sample, captured while generating "
                         "(train with --features DIR: no target pass in training)")
-    p.add_argument("--target-layer-ids", type=int, nargs="+",
-                   help="target layers to store (default: the DFlash rule for --num-draft-layers)")
-    p.add_argument("--num-draft-layers", type=int, default=1,
-                   help="layers of the planned drafter, for the default --target-layer-ids")
-    p.add_argument("--target-topk", type=int, default=0,
-                   help="also store the target's top-K next-token probabilities (for train --loss lk); 0: none")
+    _store_arguments(p)
     p.set_defaults(func=prepare_data_cmd)
+
+    p = sub.add_parser("store-features", help="the feature store of prepared data, without regenerating it")
+    p.add_argument("--target", required=True, help="target model: Hub id or local folder (the one that wrote --data)")
+    p.add_argument("--data", required=True, help="JSONL written by prepare-data")
+    p.add_argument("--output", required=True, help="store folder (resumable: samples already in it are skipped)")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per forward (grouped by length)")
+    p.add_argument("--dtype", default="auto", help=_DTYPE_HELP)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    _store_arguments(p)
+    p.set_defaults(func=store_features_cmd)
 
     p = sub.add_parser("train", help="train a drafter (also under `accelerate launch -m hf_dflash train`)")
     _add_training_args(p)

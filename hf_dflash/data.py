@@ -204,15 +204,9 @@ def prepare_data(
     done = _done_ids(output)
     store = capture = None
     if save_features is not None:
-        from .modeling.configuration_dflash import default_target_layer_ids
-        from .training.store import FeatureCapture, FeatureStore, StoreMismatch
+        from .training.store import FeatureCapture, StoreMismatch
 
-        text = target.config.get_text_config()
-        layer_ids = target_layer_ids or default_target_layer_ids(text.num_hidden_layers, num_draft_layers)
-        store = FeatureStore.open_for_append(save_features, {
-            "target": getattr(target, "name_or_path", ""), "target_layer_ids": [int(i) for i in layer_ids],
-            "hidden_size": text.hidden_size, "dtype": "bfloat16", "target_topk": int(target_topk),
-        })
+        store = _open_store(target, save_features, target_layer_ids, num_draft_layers, target_topk)
         store.drop_after(done)  # written to the store but not to the JSONL before a kill: made again below
         missing = done - set(store.entries)
         if missing:
@@ -289,6 +283,73 @@ def prepare_data(
     return stats
 
 
+@torch.no_grad()
+def store_features(
+    target,
+    data: str | os.PathLike,
+    save_features: str | os.PathLike,
+    *,
+    target_layer_ids: list[int] | None = None,
+    num_draft_layers: int = 1,
+    target_topk: int = 0,
+    batch_size: int = 8,
+) -> int:
+    """The feature store of samples already prepared (`data`, a `prepare_data` JSONL), resumably: what
+    `prepare_data(save_features=...)` captures while regenerating, from one forward per batch over the finished text
+    instead, so that a store lost with a machine is rebuilt from the (small) JSONL without regenerating. Samples
+    already in the store are skipped; batches are formed from samples of similar length (right-padded: a causal
+    model's earlier positions never see the padding). Returns the number of samples written."""
+    store = _open_store(target, save_features, target_layer_ids, num_draft_layers, target_topk)
+    layer_ids, topk = store.target_layer_ids, store.target_topk
+    todo = []
+    for lineno, record in _jsonl(data):
+        ids, mask = record.get("input_ids"), record.get("loss_mask")
+        if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask) or "id" not in record:
+            raise DataError(
+                f"{data}:{lineno}: not a prepared sample: expected id, input_ids and loss_mask (lists of equal "
+                "length), as written by `hf-dflash prepare-data`."
+            )
+        if record["id"] not in store and len(ids) > 1:
+            todo.append((record["id"], ids, mask.index(1) if 1 in mask else len(ids)))
+    window = batch_size * 8
+    todo = [x for i in range(0, len(todo), window) for x in sorted(todo[i : i + window], key=lambda x: len(x[1]))]
+    for i in tqdm(range(0, len(todo), batch_size), desc="target features", unit="batch"):
+        batch = todo[i : i + batch_size]
+        width = max(len(ids) for _, ids, _ in batch)
+        input_ids = torch.tensor([ids + [0] * (width - len(ids)) for _, ids, _ in batch], device=target.device)
+        valid = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for _, ids, _ in batch], device=target.device)
+        out = target(input_ids=input_ids, attention_mask=valid, output_hidden_states=True,
+                     logits_to_keep=0 if topk else 1)
+        features = torch.cat([out.hidden_states[j + 1] for j in layer_ids], dim=-1).to(torch.bfloat16)
+        samples = []
+        for row, (sample_id, ids, prompt_len) in enumerate(batch):
+            n = len(ids)  # n - 1 rows: the last token is never fed to the target (`FeatureCapture.samples`)
+            sample = {"id": sample_id, "input_ids": ids, "features": features[row, : n - 1].cpu()}
+            if topk:  # row t predicts token t + 1: kept from the last prompt position on
+                probs, top = out.logits[row, : n - 1].float().softmax(-1).topk(topk, dim=-1)
+                start = max(prompt_len - 1, 0)
+                sample["topk_ids"] = torch.full((n - 1, topk), -1, dtype=torch.int32)
+                sample["topk_probs"] = torch.zeros(n - 1, topk, dtype=torch.bfloat16)
+                sample["topk_ids"][start:] = top[start:].to(torch.int32).cpu()
+                sample["topk_probs"][start:] = probs[start:].to(torch.bfloat16).cpu()
+            samples.append(sample)
+        store.append(samples)
+    return len(todo)
+
+
+def _open_store(target, path, target_layer_ids, num_draft_layers: int, target_topk: int):
+    """Create or reopen the feature store at `path` for `target` (a reopened one must hold the same layers)."""
+    from .modeling.configuration_dflash import default_target_layer_ids
+    from .training.store import FeatureStore
+
+    text = target.config.get_text_config()
+    layer_ids = target_layer_ids or default_target_layer_ids(text.num_hidden_layers, num_draft_layers)
+    return FeatureStore.open_for_append(path, {
+        "target": getattr(target, "name_or_path", ""), "target_layer_ids": [int(i) for i in layer_ids],
+        "hidden_size": text.hidden_size, "dtype": "bfloat16", "target_topk": int(target_topk),
+    })
+
+
 @contextlib.contextmanager
 def _removing(capture):
     """The feature hook never outlives prepare_data, even when a batch fails."""
@@ -350,4 +411,7 @@ def frequent_tokens(samples, n: int) -> list[int]:
     return [token for token, _ in counts.most_common(n)]
 
 
-__all__ = ["DataError", "PrepareStats", "Prompt", "frequent_tokens", "load_samples", "prepare_data", "read_prompts"]
+__all__ = [
+    "DataError", "PrepareStats", "Prompt", "frequent_tokens", "load_samples", "prepare_data", "read_prompts",
+    "store_features",
+]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_target, make_tokenizer
-from hf_dflash.data import load_samples, prepare_data, read_prompts
+from hf_dflash.data import DataError, load_samples, prepare_data, read_prompts, store_features
 from hf_dflash.training import FeatureStore, StoreMismatch, TrainingConfig, target_features, train
 from hf_dflash.training.features import CachedFeatures, StoreFeatures
 
@@ -59,6 +59,29 @@ def test_features_captured_while_generating_equal_a_full_forward(setup, tmp_path
         assert torch.equal(stored["topk_ids"][start:, 0].long(), logits[start:].argmax(-1))
         expected = logits.softmax(-1).topk(4).values[start:]
         torch.testing.assert_close(stored["topk_probs"][start:].float(), expected, atol=0.01, rtol=0.01)
+
+
+def test_store_rebuilt_from_the_data_equals_the_one_captured_while_generating(setup, tmp_path):
+    """`store_features`: the store of a prepared JSONL without regenerating (a lost store rebuilt from the text)."""
+    target = setup[0]
+    regenerate(setup, tmp_path)
+    captured = FeatureStore(tmp_path / "store")
+    written = store_features(target, tmp_path / "data.jsonl", tmp_path / "rebuilt", target_layer_ids=LAYERS,
+                             target_topk=4, batch_size=3)
+    rebuilt = FeatureStore(tmp_path / "rebuilt")
+    assert written == len(rebuilt) == 8 and rebuilt.meta["target_layer_ids"] == LAYERS and rebuilt.target_topk == 4
+    for record in records(tmp_path):
+        a, b = captured.read(record["id"]), rebuilt.read(record["id"])
+        assert a["features"].shape == b["features"].shape
+        torch.testing.assert_close(b["features"].double(), a["features"].double(), atol=0, rtol=0.01)
+        assert torch.equal(b["topk_ids"] == -1, a["topk_ids"] == -1)  # the same response rows
+        assert torch.equal(b["topk_ids"][:, 0], a["topk_ids"][:, 0])
+        torch.testing.assert_close(b["topk_probs"].float(), a["topk_probs"].float(), atol=0.01, rtol=0.01)
+    assert store_features(target, tmp_path / "data.jsonl", tmp_path / "rebuilt", target_layer_ids=LAYERS,
+                          target_topk=4) == 0  # resumable: nothing left to write
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"id": "x", "input_ids": [1, 2]}) + "\n")
+    with pytest.raises(DataError, match="bad.jsonl:1: not a prepared sample"):
+        store_features(target, tmp_path / "bad.jsonl", tmp_path / "other", target_layer_ids=LAYERS)
 
 
 def test_resume_after_a_kill_loses_and_duplicates_nothing(setup, tmp_path):
