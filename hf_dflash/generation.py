@@ -37,6 +37,7 @@ from transformers.generation import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .cpu_ops import argmax, pack_linears
 from .cost_model import NodeCalibration, choose_tree_size, load_forward_costs
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
@@ -265,6 +266,7 @@ class _Decoder:
         self.draft_pos = torch.zeros(batch, 0, dtype=torch.long, device=drafter.device)
         self.head = target.get_output_embeddings()
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
+        pack_linears(drafter)  # its bfloat16 linears on a CPU multiply prepacked weights (`hf_dflash.cpu_ops`)
         self.tree_size, self.costs, self.draft_seconds, self.calibration = 0, None, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
@@ -483,7 +485,7 @@ class _Decoder:
 
     def choose(self, scores: torch.Tensor) -> torch.LongTensor:
         if not self.config.do_sample:
-            return scores.max(-1).indices  # the first maximum, like argmax (faster on a CPU)
+            return argmax(scores)
         # A greedy draft is a point-mass proposal: sampling the target at each position and accepting while the
         # sample equals the draft is exact speculative sampling.
         return torch.multinomial(F.softmax(scores, dim=-1), 1).squeeze(-1)

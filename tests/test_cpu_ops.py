@@ -1,0 +1,96 @@
+"""`hf_dflash.cpu_ops`: the chunked argmax and the prepacked drafter linears give exactly what torch gives."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from conftest import make_drafter, make_target
+from hf_dflash.cpu_ops import CHUNK, PackedLinear, argmax, pack_linears, packing_available
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("vocab", [7, 4 * CHUNK, 49_152, 49_157, 151_936])
+def test_argmax_is_torch_argmax(dtype, vocab):
+    generator = torch.Generator().manual_seed(vocab)
+    scores = torch.randn(3, 5, vocab, generator=generator).to(dtype)
+    # ties: the maximum repeated later in the row, in the same chunk, in a later chunk and in the last column
+    top = scores.amax(-1, keepdim=True) + 1
+    for column in {min(c, vocab - 1) for c in (vocab // 3, vocab // 3 + 1, vocab // 3 + CHUNK, vocab - 1)}:
+        scores[0, :, column] = top[0, :, 0]
+    scores[1, 2, -1] = top[1, 2, 0] + 1  # the maximum alone in a short last chunk
+    scores[2, 0] = float("-inf")  # a row without a finite score
+    assert torch.equal(argmax(scores), torch.argmax(scores, dim=-1))
+
+
+def test_argmax_with_nan_is_torch_argmax():
+    scores = torch.randn(2, 49_152).bfloat16()
+    scores[0, 30_000] = scores[0, 40_000] = float("nan")
+    assert torch.equal(argmax(scores), torch.argmax(scores, dim=-1))
+
+
+needs_packing = pytest.mark.skipif(not packing_available(), reason="no oneDNN bfloat16 support in this torch build")
+
+
+@needs_packing
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(16, 576), (1, 31, 576), (2, 3, 576)])
+def test_packed_linear_is_bitwise_linear(shape, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(576, 1536, bias=bias).bfloat16()
+    x = torch.randn(shape).bfloat16()
+    expected = F.linear(x, linear.weight, linear.bias)
+    pack_linears(linear)
+    assert type(linear) is PackedLinear
+    with torch.no_grad():
+        out = linear(x)
+    assert "_packed" in linear.__dict__  # the packed path ran
+    assert torch.equal(out, expected)
+
+
+@needs_packing
+def test_packed_linear_follows_the_weight():
+    torch.manual_seed(0)
+    linear = pack_linears(nn.Linear(64, 32, bias=False).bfloat16())
+    x = torch.randn(4, 64).bfloat16()
+    # with gradients it is nn.Linear (training the drafter)
+    linear.weight.requires_grad_(True)
+    linear(x.requires_grad_(True)).sum().backward()
+    assert linear.weight.grad is not None and "_packed" not in linear.__dict__
+    with torch.no_grad():
+        before = linear(x)
+        torch.optim.SGD(linear.parameters(), lr=1.0).step()  # an in-place write: the packed copy is stale
+        after = linear(x)
+        assert not torch.equal(before, after)
+        assert torch.equal(after, F.linear(x, linear.weight))
+        linear.weight = nn.Parameter(torch.randn(32, 64).bfloat16())  # another tensor
+        assert torch.equal(linear(x), F.linear(x, linear.weight))
+        linear.float()  # another dtype: plain F.linear
+        assert torch.equal(linear(x.float()), F.linear(x.float(), linear.weight))
+
+
+@needs_packing
+def test_packed_drafter_copies_saves_and_drafts_the_same():
+    target = make_target("qwen3", dtype=torch.bfloat16)
+    drafter = make_drafter(target, block_size=4)
+    context = torch.randn(2, 5, len(drafter.config.target_layer_ids) * target.config.hidden_size).bfloat16()
+    embeds = drafter.embed(target, torch.randint(0, target.config.vocab_size, (2, 4)))
+
+    def drafts(model):
+        with torch.no_grad():
+            states = model(noise_embeds=embeds, context_hidden_states=context, position_ids=torch.arange(9).expand(2, -1))
+            return model.draft_tokens(states.last_hidden_state, target.get_output_embeddings()), states
+
+    plain_ids, plain_states = drafts(drafter)
+    keys = set(drafter.state_dict())
+    pack_linears(pack_linears(drafter))  # idempotent
+    packed_ids, packed_states = drafts(drafter)
+    assert all(type(m) is not nn.Linear for m in drafter.modules())
+    assert torch.equal(packed_states.last_hidden_state, plain_states.last_hidden_state)
+    assert torch.equal(packed_ids, plain_ids)
+    assert set(drafter.state_dict()) == keys
+    for clone in (copy.deepcopy(drafter), pickle.loads(pickle.dumps(drafter))):
+        assert torch.equal(drafts(clone)[0], plain_ids)
