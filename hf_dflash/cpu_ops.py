@@ -12,6 +12,7 @@
   0.06 instead of 0.11 in cache, with bitwise the same output (the same kernel, the same order of additions).
 """
 
+import functools
 import weakref
 
 import torch
@@ -36,6 +37,7 @@ def argmax(scores: torch.Tensor) -> torch.LongTensor:
     return scores.gather(-1, index).max(-1).indices + chunk.squeeze(-1) * CHUNK
 
 
+@functools.cache
 def packing_available() -> bool:
     """Whether this torch build can prepack bfloat16 linear weights for the CPU (oneDNN with bfloat16 support)."""
     try:
