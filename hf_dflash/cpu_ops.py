@@ -74,7 +74,7 @@ class PackedLinear(nn.Linear):
 
 def pack_linears(module: nn.Module) -> nn.Module:
     """Make every plain `nn.Linear` in `module` a `PackedLinear`, in place (idempotent; nothing without oneDNN
-    bfloat16 support). The generation loop does this to the drafter; the target is left as it is."""
+    bfloat16 support). The generation loop does this to a drafter on the CPU; the target is left as it is."""
     if packing_available():
         for child in module.modules():
             if type(child) is nn.Linear:

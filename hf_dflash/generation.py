@@ -266,7 +266,8 @@ class _Decoder:
         self.draft_pos = torch.zeros(batch, 0, dtype=torch.long, device=drafter.device)
         self.head = target.get_output_embeddings()
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
-        pack_linears(drafter)  # its bfloat16 linears on a CPU multiply prepacked weights (`hf_dflash.cpu_ops`)
+        if drafter.device.type == "cpu":
+            pack_linears(drafter)  # its bfloat16 linears multiply prepacked weights (`hf_dflash.cpu_ops`)
         self.tree_size, self.costs, self.draft_seconds, self.calibration = 0, None, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
