@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from conftest import make_drafter, make_target
+from conftest import left_padded, make_drafter, make_target
 from hf_dflash.cpu_ops import CHUNK, PackedLinear, argmax, pack_linears, packing_available
 
 
@@ -81,7 +81,8 @@ def test_packed_drafter_copies_saves_and_drafts_the_same():
 
     def drafts(model):
         with torch.no_grad():
-            states = model(noise_embeds=embeds, context_hidden_states=context, position_ids=torch.arange(9).expand(2, -1))
+            positions = torch.arange(9).expand(2, -1)
+            states = model(noise_embeds=embeds, context_hidden_states=context, position_ids=positions)
             return model.draft_tokens(states.last_hidden_state, target.get_output_embeddings()), states
 
     plain_ids, plain_states = drafts(drafter)
@@ -94,3 +95,16 @@ def test_packed_drafter_copies_saves_and_drafts_the_same():
     assert set(drafter.state_dict()) == keys
     for clone in (copy.deepcopy(drafter), pickle.loads(pickle.dumps(drafter))):
         assert torch.equal(drafts(clone)[0], plain_ids)
+
+
+@needs_packing
+def test_generate_packs_a_cpu_drafter_and_keeps_the_output():
+    target = make_target("qwen3", dtype=torch.float32)
+    drafter = make_drafter(target, block_size=4).bfloat16()  # a bfloat16 drafter beside a float32 target, as shipped
+    ids, mask = left_padded(2)
+    plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                          assistant_model=drafter)
+    assert all(type(m) is PackedLinear for m in drafter.modules() if isinstance(m, nn.Linear))
+    assert "_packed" in drafter.layers[0].mlp.gate_proj.__dict__  # the packed path ran
+    assert torch.equal(out, plain)
