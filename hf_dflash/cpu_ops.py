@@ -13,11 +13,12 @@
 """
 
 import functools
-import weakref
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .modeling.modeling_dflash import _same_states, _tensor_states
 
 CHUNK = 512  # the fastest of 64-2,048 for 8-16 rows of a 49K vocabulary here
 
@@ -26,7 +27,7 @@ def argmax(scores: torch.Tensor) -> torch.LongTensor:
     """The first index of the maximum along the last dimension, as `torch.argmax` (NaN counts as the maximum)."""
     vocab = scores.shape[-1]
     if scores.device.type != "cpu" or vocab < 4 * CHUNK:
-        return scores.max(-1).indices  # the first maximum, like argmax, and several times faster on a CPU
+        return scores.max(-1).indices  # `max` gives the first maximum too (small vocabularies, accelerators)
     whole = vocab // CHUNK
     maxima = scores[..., : whole * CHUNK].unflatten(-1, (whole, CHUNK)).amax(-1)  # [..., whole]
     if whole * CHUNK < vocab:
@@ -61,11 +62,13 @@ class PackedLinear(nn.Linear):
             or input.dtype != torch.bfloat16
         ):
             return F.linear(input, weight, self.bias)
+        # the same staleness test as the drafter's gathered head: the same weight object at the same `_version`
+        state = (weight.dtype, *_tensor_states(weight))
         packed = self.__dict__.get("_packed")
-        if packed is None or packed[0]() is not weight or packed[1] != weight._version:
-            packed = weakref.ref(weight), weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+        if packed is None or not _same_states(packed[0], state):
+            packed = state, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
             self.__dict__["_packed"] = packed
-        return torch.ops.mkldnn._linear_pointwise(input, packed[2], self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(input, packed[1], self.bias, "none", [], "")
 
     def __getstate__(self):
         # weak references do not pickle (deepcopy, torch.save): the copy is packed again on use
