@@ -1,0 +1,98 @@
+"""The micro-measurements behind `hf_dflash/cpu_ops.py` and "The loop against its ceiling" in RESULTS.md, one thread.
+
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py argmax     # the verification's argmax, after a forward
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py linear     # F.linear vs packed, in / out of cache
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py replay     # the drafter's in-loop call, replayed hot
+    python examples/drafters/cpu_ops_micro.py one-layer DIR                # G cut to its first layer, for --oracle
+"""
+import functools, sys, time, torch
+from torch.nn import functional as F
+from transformers import AutoModel, DynamicCache
+import hf_dflash
+from hf_dflash.bench import _encode, _stop_ids, chat_inputs, load_prompt_set
+from hf_dflash.cpu_ops import argmax
+from hf_dflash.generation import dflash_decode
+from hf_dflash.oracle import OracleDecoder, OracleDrafts
+from hf_dflash.packaged import load_packaged
+
+G = "examples/drafters/smollm2-135m-instruct-dflash"
+torch.set_num_threads(1)
+torch.set_grad_enabled(False)
+what = sys.argv[1]
+
+
+def median_ms(times):
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+if what == "argmax":  # right after the target's verification forward, as in the loop (the logits come out cold)
+    target, tok = load_packaged(dtype=torch.bfloat16)
+    cache = DynamicCache(config=target.config)
+    target(**chat_inputs(tok, load_prompt_set("gsm8k", 1)[0].messages), cache=cache)
+    for block in (8, 16):
+        ids = torch.randint(0, target.config.vocab_size, (1, block))
+        times = {"max(-1)": [], "cpu_ops.argmax": []}
+        for _ in range(15):
+            for name, fn in (("max(-1)", lambda s: s.max(-1).indices), ("cpu_ops.argmax", argmax)):
+                logits = target(input_ids=ids, cache=cache).logits
+                cache.crop(-block)
+                began = time.perf_counter()
+                fn(logits)
+                times[name].append(time.perf_counter() - began)
+        print(block, {name: round(median_ms(t), 3) for name, t in times.items()}, "ms")
+
+elif what == "linear":  # "out of cache": after a 400 MB sweep, as the target's forward sweeps 270 MB every step
+    sweep = torch.empty(400 << 20, dtype=torch.uint8)
+    for rows, k, n in [(16, 576, 1536), (16, 1536, 576), (16, 576, 576), (31, 576, 192)]:
+        x, w = torch.randn(rows, k).bfloat16(), torch.randn(n, k).bfloat16()
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 16)
+        calls = {"F.linear": lambda: F.linear(x, w),
+                 "packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+        assert torch.equal(calls["F.linear"](), calls["packed"]())
+        for cold in (False, True):
+            row = {}
+            for name, call in calls.items():
+                times = []
+                for _ in range(40):
+                    if cold:
+                        sweep.add_(1)
+                    began = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - began)
+                row[name] = round(median_ms(times), 3)
+            print((rows, k, n), "out of cache" if cold else "in cache", row, "ms")
+
+elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, repeated 50 times in that state
+    target, tok = load_packaged(dtype=torch.bfloat16)
+    drafter = AutoModel.from_pretrained(G, dtype=torch.bfloat16).eval()
+    drafter.config.block_size = 16
+    inputs = _encode([load_prompt_set("gsm8k", 1)[0]], tok, tok.pad_token_id, "cpu")
+    prompt_len = inputs["input_ids"].shape[1]
+    plain = target.generate(**inputs, max_new_tokens=128, do_sample=False)
+    forward, calls = drafter.forward, []
+
+    def replaying(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == 6:
+            cache = kwargs["cache"]
+            kept, times = cache.get_seq_length(), []
+            for _ in range(50):
+                began = time.perf_counter()
+                forward(*args, **kwargs)
+                times.append(time.perf_counter() - began)
+                cache.crop(kept - cache.get_seq_length())
+            print("drafter forward replayed in cache: %.2f ms" % median_ms(times))
+        return forward(*args, **kwargs)
+
+    drafter.forward = replaying
+    drafts = OracleDrafts.from_plain(plain, prompt_len, 128, None, tok.pad_token_id, _stop_ids(target))
+    decode = functools.partial(dflash_decode, drafter=drafter, draft_tree_size=0,
+                               decoder_class=functools.partial(OracleDecoder, oracle=drafts))
+    hf_dflash.hooks.original_generate(target, **inputs, custom_generate=decode, max_new_tokens=128, do_sample=False)
+
+elif what == "one-layer":  # its cost only: then `hf-dflash bench --drafter DIR --oracle ...` as in RESULTS.md
+    drafter = AutoModel.from_pretrained(G, dtype=torch.bfloat16)
+    drafter.layers = drafter.layers[:1]
+    drafter.config.num_hidden_layers, drafter.config.layer_types = 1, drafter.config.layer_types[:1]
+    drafter.save_pretrained(sys.argv[2])
+    print("wrote", sys.argv[2])
