@@ -59,7 +59,8 @@ class OracleDrafts:
     at the first, and tokens past it are no drafts). `pause`: a context manager factory the caller's timer
     provides; the oracle's own work (`untimed`: placing drafts, counting rejected ones, recomputing a continuation)
     runs inside it. Counted: `wrong_steps` (verifications that rejected a draft the oracle placed), `resyncs` (the
-    generated length at each recomputation), `resync_seconds`, and `untimed_seconds` (all of the oracle's work).
+    generated length at each recomputation after the committed text left the continuation), `resync_seconds` (all
+    recomputations, extensions included), and `untimed_seconds` (all of the oracle's work).
     """
 
     def __init__(self, continuation: torch.LongTensor, prompt_mask=None, pad_token_id: int = 0, stop_ids=(),
@@ -68,6 +69,7 @@ class OracleDrafts:
         self.prompt_mask = prompt_mask
         self.pad_token_id = pad_token_id
         self.stop_ids = torch.tensor(list(stop_ids), dtype=torch.long, device=continuation.device)
+        self.known = torch.full_like(self.continuation[:, 0], continuation.shape[1])  # [batch] tokens computed
         self.ends = self._ends(self.continuation)  # [batch]
         self.placed = None  # [rows]: the oracle's drafts in this step (fewer past a row's stop)
         self.pause = pause or contextlib.nullcontext
@@ -85,10 +87,11 @@ class OracleDrafts:
         return cls(torch.cat([new, filler], dim=1), prompt_mask, pad_token_id, stop_ids)
 
     def _ends(self, continuation: torch.LongTensor) -> torch.LongTensor:
-        """Each row's continuation length up to and including its first stop token (W without one) [rows]."""
-        width = continuation.shape[1]
+        """Each row's continuation length up to and including its first stop token in `continuation` [rows, n]
+        (W without one: the rest may be unknown yet) [rows]."""
+        width = self.continuation.shape[1]
         stops = torch.isin(continuation, self.stop_ids)
-        first = torch.where(stops, torch.arange(width, device=stops.device), width).min(-1).values
+        first = torch.where(stops, torch.arange(continuation.shape[1], device=stops.device), width).min(-1).values
         return torch.clamp(first + 1, max=width)
 
     @contextlib.contextmanager
@@ -111,20 +114,24 @@ class OracleDrafts:
         rows, start = decoder.rows, decoder.prompt_len
         width = self.continuation.shape[1]
         generated = decoder.lengths[rows] - start  # [rows]
+        known = self.known[rows]
         committed = decoder.sequences[rows, start : start + width]  # [rows, W]
-        written = torch.arange(width, device=committed.device) < generated[:, None]
+        written = torch.arange(width, device=committed.device) < torch.minimum(generated, known)[:, None]
         left = ((committed != self.continuation[rows]) & written).any(-1)  # [rows]
-        for r in rows[left].tolist():
-            self._resync(decoder, r)
+        short = known < torch.minimum(generated + count, self.ends[rows])  # a recomputed continuation ran out
+        for r, diverged in zip(rows[left | short].tolist(), left[left | short].tolist()):
+            self._resync(decoder, r, 2 * count, diverged)
         beyond = self.continuation.new_full((rows.numel(), count), self.pad_token_id)  # drafts past the end
         padded = torch.cat([self.continuation[rows], beyond], dim=1)  # [rows, W + count]
         index = generated[:, None] + torch.arange(count, device=generated.device)  # [rows, count]
         self.placed = (self.ends[rows] - generated).clamp(0, count)
         return padded.gather(1, index)
 
-    def _resync(self, decoder: _Decoder, row: int) -> None:
+    def _resync(self, decoder: _Decoder, row: int, horizon: int, diverged: bool) -> None:
         """Batch row `row`'s continuation recomputed from its committed text by plain greedy `generate` (the same
-        call that precomputed it); called inside `untimed`."""
+        call that precomputed it), `horizon` tokens ahead: only so far, since where a bfloat16 verification rounds
+        near-ties differently (a random target's flat logits) the text may leave it again at every step; extended the
+        same way when the drafts reach its end. Called inside `untimed`; `diverged`: counted as a resync."""
         target, start = decoder.target, decoder.prompt_len
         length = int(decoder.lengths[row])
         began = now(target.device)
@@ -133,14 +140,16 @@ class OracleDrafts:
         if self.prompt_mask is not None:
             mask[:, :start] = self.prompt_mask[row : row + 1]
         width = self.continuation.shape[1]
-        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=width - (length - start),
+        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=min(horizon, width - (length - start)),
                               do_sample=False, pad_token_id=self.pad_token_id)
         new = out[0, start : start + width]
         self.continuation[row] = self.pad_token_id
         self.continuation[row, : new.shape[0]] = new
-        self.ends[row] = self._ends(self.continuation[row : row + 1])[0]
+        self.known[row] = new.shape[0]
+        self.ends[row] = self._ends(new[None])[0]
         self.resync_seconds += now(target.device) - began
-        self.resyncs.append(length - start)
+        if diverged:
+            self.resyncs.append(length - start)
 
     def count_wrong(self, decoder: _Decoder, tree, kept: torch.LongTensor) -> None:
         """After a verification: count the rows that rejected one of the oracle's drafts. The oracle's drafts are the

@@ -236,9 +236,11 @@ def test_oracle_drafts_are_all_right(setup):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
 
 
-def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkeypatch):
+@pytest.mark.parametrize("max_new_tokens, lengths", [(10, [4, 1, 4]), (22, [4, 1, 4, 4, 4, 4])])
+def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkeypatch, max_new_tokens, lengths):
     """As a bfloat16 near-tie would: the precomputed continuation of row 0 is wrong at new token 5, so that draft is
-    rejected, the committed text leaves the continuation, and the oracle recomputes it (untimed) from there."""
+    rejected, the committed text leaves the continuation, and the oracle recomputes it (untimed) from there, two
+    blocks' drafts ahead, then further as the drafts reach its end (22 tokens: not counted as resyncs)."""
     from hf_dflash.oracle import OracleDrafts
 
     from_plain = OracleDrafts.from_plain.__func__
@@ -251,14 +253,14 @@ def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkey
     target, drafter, tokenizer, prompts = setup
     monkeypatch.setattr(OracleDrafts, "from_plain", classmethod(diverging))
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(2,), block_sizes=[4],
-                        max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True,
+                        max_new_tokens=max_new_tokens, baselines=("plain",), warmup=0, progress=False, oracle=True,
                         oracle_repeats=1)
     run = results["runs"][0]
     assert run["summary"]["identical"] is True  # the target still decides: output unchanged
     assert run["oracle"]["wrong_steps"] == run["oracle"]["resyncs"] == 2  # row 0 of both batches
     for record in run["prompts"]:
         assert record["oracle"]["resyncs"] == [6]  # 1 (prefill) + 4 (block) + 1 (the rejected draft)
-        assert record["acceptance_lengths"][0] == [4, 1, 4]  # all right again after the recomputation
+        assert record["acceptance_lengths"][0] == lengths  # all right again after the recomputation
         phases = record["dflash"]["phases"]
         assert phases["paused"] >= record["oracle"]["resync_seconds"] > 0
         # the recomputation's forwards are not the loop's: prefill + one verification per step
@@ -275,7 +277,7 @@ def test_oracle_drafts_end_at_a_stop_token(setup, monkeypatch):
     assert new[2] not in new[:2]  # the stop lands inside the first verified block of 4
     monkeypatch.setattr(target.generation_config, "eos_token_id", new[2])
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), block_sizes=[4],
-                        max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True,
+                        max_new_tokens=max_new_tokens, baselines=("plain",), warmup=0, progress=False, oracle=True,
                         oracle_repeats=1)
     for run in results["runs"]:
         assert run["summary"]["identical"] is True and run["oracle"]["wrong_steps"] == 0
