@@ -277,7 +277,7 @@ def test_oracle_drafts_end_at_a_stop_token(setup, monkeypatch):
     assert new[2] not in new[:2]  # the stop lands inside the first verified block of 4
     monkeypatch.setattr(target.generation_config, "eos_token_id", new[2])
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), block_sizes=[4],
-                        max_new_tokens=max_new_tokens, baselines=("plain",), warmup=0, progress=False, oracle=True,
+                        max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True,
                         oracle_repeats=1)
     for run in results["runs"]:
         assert run["summary"]["identical"] is True and run["oracle"]["wrong_steps"] == 0
