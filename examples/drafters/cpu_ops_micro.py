@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py argmax     # the verification's argmax, after a forward
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py linear     # F.linear vs packed, in / out of cache
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py replay     # the drafter's in-loop call, replayed hot
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py head       # the draft head's product, in / out of cache
     python examples/drafters/cpu_ops_micro.py one-layer DIR                # G cut to its first layer, for --oracle
 """
 import functools, sys, time, torch
@@ -61,6 +62,27 @@ elif what == "linear":  # "out of cache": after a 400 MB sweep, as the target's 
                     times.append(time.perf_counter() - began)
                 row[name] = round(median_ms(times), 3)
             print((rows, k, n), "out of cache" if cold else "in cache", row, "ms")
+
+elif what == "head":  # G's draft head: 8,192 rows of the target's head, 15 draft positions, the layouts tried
+    sweep = torch.empty(300 << 20, dtype=torch.uint8)
+    w = (torch.randn(8192, 576) * 0.02).bfloat16()
+    for rows in (15, 16, 32):
+        h = torch.randn(rows, 576).bfloat16()
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+        calls = {"W @ h.T": lambda: w @ h.T, "h @ W.T": lambda: h @ w.T,
+                 "packed": lambda: torch.ops.mkldnn._linear_pointwise(h, packed, None, "none", [], "")}
+        for cold in (True, False):
+            row = {}
+            for name, call in calls.items():
+                times = []
+                for _ in range(21):
+                    if cold:
+                        sweep.add_(1)
+                    began = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - began)
+                row[name] = round(median_ms(times), 3)
+            print(rows, "out of cache" if cold else "in cache", row, "ms")
 
 elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, repeated 50 times in that state
     target, tok = load_packaged(dtype=torch.bfloat16)
