@@ -26,6 +26,24 @@ def median_ms(times):
     return sorted(times)[len(times) // 2] * 1e3
 
 
+def in_and_out_of_cache(label, calls: dict, repeats: int) -> None:
+    """Median ms of each call with its operands in cache, then after a 400 MB sweep before each call ("out of
+    cache": the target's forward sweeps 270 MB every step)."""
+    sweep = torch.empty(400 << 20, dtype=torch.uint8)
+    for cold in (False, True):
+        row = {}
+        for name, call in calls.items():
+            times = []
+            for _ in range(repeats):
+                if cold:
+                    sweep.add_(1)
+                began = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - began)
+            row[name] = round(median_ms(times), 3)
+        print(label, "out of cache" if cold else "in cache", row, "ms")
+
+
 if what == "argmax":  # right after the target's verification forward, as in the loop (the logits come out cold)
     target, tok = load_packaged(dtype=torch.bfloat16)
     cache = DynamicCache(config=target.config)
@@ -42,47 +60,23 @@ if what == "argmax":  # right after the target's verification forward, as in the
                 times[name].append(time.perf_counter() - began)
         print(block, {name: round(median_ms(t), 3) for name, t in times.items()}, "ms")
 
-elif what == "linear":  # "out of cache": after a 400 MB sweep, as the target's forward sweeps 270 MB every step
-    sweep = torch.empty(400 << 20, dtype=torch.uint8)
+elif what == "linear":
     for rows, k, n in [(16, 576, 1536), (16, 1536, 576), (16, 576, 576), (31, 576, 192)]:
         x, w = torch.randn(rows, k).bfloat16(), torch.randn(n, k).bfloat16()
         packed = torch.ops.mkldnn._reorder_linear_weight(w, 16)
         calls = {"F.linear": lambda: F.linear(x, w),
                  "packed": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
         assert torch.equal(calls["F.linear"](), calls["packed"]())
-        for cold in (False, True):
-            row = {}
-            for name, call in calls.items():
-                times = []
-                for _ in range(40):
-                    if cold:
-                        sweep.add_(1)
-                    began = time.perf_counter()
-                    call()
-                    times.append(time.perf_counter() - began)
-                row[name] = round(median_ms(times), 3)
-            print((rows, k, n), "out of cache" if cold else "in cache", row, "ms")
+        in_and_out_of_cache((rows, k, n), calls, repeats=40)
 
 elif what == "head":  # G's draft head: 8,192 rows of the target's head, 15 draft positions, the layouts tried
-    sweep = torch.empty(300 << 20, dtype=torch.uint8)
     w = (torch.randn(8192, 576) * 0.02).bfloat16()
     for rows in (15, 16, 32):
         h = torch.randn(rows, 576).bfloat16()
         packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
         calls = {"W @ h.T": lambda: w @ h.T, "h @ W.T": lambda: h @ w.T,
                  "packed": lambda: torch.ops.mkldnn._linear_pointwise(h, packed, None, "none", [], "")}
-        for cold in (True, False):
-            row = {}
-            for name, call in calls.items():
-                times = []
-                for _ in range(21):
-                    if cold:
-                        sweep.add_(1)
-                    began = time.perf_counter()
-                    call()
-                    times.append(time.perf_counter() - began)
-                row[name] = round(median_ms(times), 3)
-            print(rows, "out of cache" if cold else "in cache", row, "ms")
+        in_and_out_of_cache(rows, calls, repeats=21)
 
 elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, repeated 50 times in that state
     target, tok = load_packaged(dtype=torch.bfloat16)
