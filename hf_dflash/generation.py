@@ -183,6 +183,7 @@ def dflash_decode(
     for unsupported in ("output_attentions", "output_hidden_states"):
         if getattr(generation_config, unsupported, False):
             logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
+    _warn_unused_cache(model_kwargs.get("cache"))
     state = (decoder_class or _Decoder)(
         target, drafter, num_assistant_tokens, assistant_confidence_threshold, draft_tree_size, generation_config,
         logits_processor, stopping_criteria, streamer, input_ids,
@@ -609,6 +610,27 @@ def _simple_stops(criteria, device) -> tuple:
     eos = [c.eos_token_id.reshape(-1).to(device) for c in criteria if type(c) is EosTokenCriteria]
     eos = torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
     return eos, min(c.max_length for c in criteria if type(c) is MaxLengthCriteria)
+
+
+def _warn_unused_cache(cache) -> None:
+    """The loop keeps its own dynamic target cache: it drops rejected draft slots, and the drafter needs the target's
+    features at every prompt position, which a cache of past keys/values does not hold. Say so when `generate` was
+    given a cache (`cache` / `past_key_values`, `cache_implementation`) that it therefore neither reads nor extends;
+    the output is the same, only prompt reuse is lost."""
+    if cache is None:
+        return
+    if cache.get_seq_length() > 0:
+        logger.warning_once(
+            f"DFlash generation does not read or extend the given cache ({cache.get_seq_length()} cached tokens): "
+            "the drafter needs the target's features at every prompt position, so the whole prompt is prefilled "
+            "again. The output is unchanged; pass no cache (past_key_values) to skip this warning."
+        )
+    elif type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        name = "an offloaded DynamicCache" if type(cache) is DynamicCache else type(cache).__name__
+        logger.warning_once(
+            f"DFlash generation uses its own DynamicCache, not {name} (cache_implementation, cache): its "
+            "verification drops rejected draft slots. The output is unchanged."
+        )
 
 
 def _drafter_masks(config, key_valid, key_pos, query_pos) -> dict | None:

@@ -203,3 +203,40 @@ def test_draft_vocab_is_lossless_and_confines_drafts(monkeypatch):
     plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
     assert torch.equal(plain, fast)
     assert seen and all(torch.isin(drafts, allowed).all() for drafts, _ in seen)
+
+
+@pytest.mark.parametrize("given", [None, "cache", "static", "offloaded"])
+def test_a_given_cache_is_left_alone_and_said_so(given):
+    """The loop keeps its own target cache: a prefilled `cache` is neither read nor extended and another
+    cache implementation is not used, with one warning naming it; the output is plain `generate`'s."""
+    from transformers import DynamicCache
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    ids, mask = left_padded(1, lengths=[7])
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10)
+    kwargs, cache = {}, None
+    if given == "cache":
+        cache = DynamicCache(config=target.config)
+        with torch.no_grad():
+            target(ids[:, :3], cache=cache)
+        kwargs["cache"] = cache
+    elif given is not None:
+        kwargs["cache_implementation"] = given
+    logger = logging.get_logger("hf_dflash.generation")
+    type(logger).warning_once.cache_clear()
+    with CaptureLogger(logger) as captured:
+        fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, assistant_model=drafter,
+                               **kwargs)
+    assert torch.equal(fast, plain)
+    expected = {
+        None: "",
+        "cache": "does not read or extend the given cache (3 cached tokens)",
+        "static": "uses its own DynamicCache, not StaticCache",
+        "offloaded": "uses its own DynamicCache, not an offloaded DynamicCache",
+    }[given]
+    assert expected in captured.out and bool(captured.out) == bool(expected)
+    if cache is not None:
+        assert cache.get_seq_length() == 3
