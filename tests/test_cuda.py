@@ -9,8 +9,8 @@ from conftest import left_padded, make_drafter, make_target
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def on_cuda(arch: str, block_size: int, dtype=torch.float64, **overrides):
-    target = make_target(arch, **overrides).to("cuda", dtype)
+def on_cuda(arch: str, block_size: int, dtype=torch.float64):
+    target = make_target(arch).to("cuda", dtype)
     return target, make_drafter(target, block_size=block_size).to("cuda", dtype)
 
 
