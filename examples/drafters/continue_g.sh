@@ -3,7 +3,7 @@
 # resumable (the store skips the samples it holds, training resumes from its last checkpoint), so a session can run
 # it in the background and the next one rerun it:
 #   RUNS=/work/runs/smollm2 setsid nohup bash examples/drafters/continue_g.sh > /work/runs/smollm2/run.log 2>&1 &
-# 1. The feature store of G's target layers 1/14/27 from the committed regenerated text (52 min on two threads, 20 GB).
+# 1. The feature store of G's target layers 1/14/27 from the committed regenerated text (47 min on two threads, 20 GB).
 # 2. H: G warm-started, all 20,869 samples, a 16,000-step cosine from lr 2e-4 (G's was from 3e-4), D-PACE, one thread,
 #    ~3 steps/s here (about 90 min), checkpoints every 1,000 steps. A checkpoint loads with G's config.json beside its
 #    model.safetensors. Evaluate as RESULTS.md does: examples/drafters/eval_acceptance.py DIR --sets gsm8k mbpp alpaca
