@@ -119,7 +119,8 @@ class OracleDrafts:
         written = torch.arange(width, device=committed.device) < torch.minimum(generated, known)[:, None]
         left = ((committed != self.continuation[rows]) & written).any(-1)  # [rows]
         short = known < torch.minimum(generated + count, self.ends[rows])  # a recomputed continuation ran out
-        for r, diverged in zip(rows[left | short].tolist(), left[left | short].tolist()):
+        redo = left | short
+        for r, diverged in zip(rows[redo].tolist(), left[redo].tolist()):
             self._resync(decoder, r, 2 * count, diverged)
         beyond = self.continuation.new_full((rows.numel(), count), self.pad_token_id)  # drafts past the end
         padded = torch.cat([self.continuation[rows], beyond], dim=1)  # [rows, W + count]
