@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
+from .devices import without_cudnn_attention
 from .tree import DraftTree, tree_attention_mask
 
 SIZES = (*range(1, 17), 32)
@@ -155,23 +156,24 @@ def time_forwards(
     generator = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size
     ids = torch.randint(vocab, (batch_size, context + max(sizes)), generator=generator).to(device)
-    cache = DynamicCache(config=target.config)
-    cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
-    target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
-    valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
-    inputs = {}
-    for k in sizes:
-        chain = DraftTree.chain(ids[:, context : context + k])
-        mask = tree_attention_mask(chain, valid, cache, target.dtype) if tree and k > 1 else None
-        positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
-        inputs[k] = dict(input_ids=chain.tokens, attention_mask=mask, position_ids=positions)
-    runs = {k: [] for k in sizes}
-    for _ in tqdm(range(repeats + 1), desc=progress, unit="round", disable=progress is None):
+    with without_cudnn_attention(device):  # as the loop runs (a graph per new key length otherwise)
+        cache = DynamicCache(config=target.config)
+        cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
+        target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
+        valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
+        inputs = {}
         for k in sizes:
-            began = now(device)
-            target(**inputs[k], cache=cache, use_cache=True, output_hidden_states=True)
-            runs[k].append(now(device) - began)
-            cache.crop(-k)
+            chain = DraftTree.chain(ids[:, context : context + k])
+            mask = tree_attention_mask(chain, valid, cache, target.dtype) if tree and k > 1 else None
+            positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
+            inputs[k] = dict(input_ids=chain.tokens, attention_mask=mask, position_ids=positions)
+        runs = {k: [] for k in sizes}
+        for _ in tqdm(range(repeats + 1), desc=progress, unit="round", disable=progress is None):
+            for k in sizes:
+                began = now(device)
+                target(**inputs[k], cache=cache, use_cache=True, output_hidden_states=True)
+                runs[k].append(now(device) - began)
+                cache.crop(-k)
     return {k: statistics.median(times[1:]) for k, times in runs.items()}
 
 

@@ -1,4 +1,7 @@
-"""What this machine computes natively: the dtype `hf-dflash demo`, `bench` and `train` use by default."""
+"""What this machine computes natively: the dtype `hf-dflash demo`, `bench` and `train` use by default; the attention
+kernels the decoding loop may use on it."""
+
+import contextlib
 
 import torch
 
@@ -25,3 +28,23 @@ def resolve_dtype(name: str, device=None) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype {name!r}: use auto, float32, bfloat16, float16 or float64.")
     return dtype
+
+
+@contextlib.contextmanager
+def without_cudnn_attention(device):
+    """Inside: `scaled_dot_product_attention` without its cuDNN backend where `device` is CUDA (else: nothing changes);
+    restored on leaving, whatever the user had set.
+
+    On Hopper, torch (2.11, cuDNN 9.19) picks cuDNN for bfloat16 attention without a mask or with a boolean one, and
+    cuDNN builds a graph for every new pair of query and key lengths: about 60 ms each on an H200, against 0.1-0.2 ms
+    for the flash or memory-efficient kernel. Decoding meets a new key length at every step, in the target's
+    verification and in the drafter's forward, so a prompt whose lengths were not seen before paid it twice a step
+    (drafter 45 ms against 4.8 ms a step: examples/drafters/RESULTS.md, "The GPU's slow prompt")."""
+    if torch.device(device).type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        yield
+        return
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)

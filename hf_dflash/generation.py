@@ -38,6 +38,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
 from .cpu_ops import argmax, pack_linears
+from .devices import without_cudnn_attention
 from .cost_model import NodeCalibration, choose_tree_size, load_forward_costs
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
@@ -184,32 +185,34 @@ def dflash_decode(
         if getattr(generation_config, unsupported, False):
             logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
     _warn_unused_cache(model_kwargs.get("cache"))
-    state = (decoder_class or _Decoder)(
-        target, drafter, num_assistant_tokens, assistant_confidence_threshold, draft_tree_size, generation_config,
-        logits_processor, stopping_criteria, streamer, input_ids,
-    )
+    # cuDNN attention builds a graph per new key length: a new one every step here (`without_cudnn_attention`)
+    with without_cudnn_attention(target.device):
+        state = (decoder_class or _Decoder)(
+            target, drafter, num_assistant_tokens, assistant_confidence_threshold, draft_tree_size, generation_config,
+            logits_processor, stopping_criteria, streamer, input_ids,
+        )
 
-    # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
-    position_ids = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = state.target_forward(input_ids, attention_mask, position_ids, logits_to_keep=1)
-    _check_cache(state.cache)  # the layer types exist once the prefill filled the cache
-    state.holes = _holes_allowed(target, state.cache)
-    state.context = (state.features(out), prompt_mask, position_ids)
-    tokens, kept, scores, _ = state.verify(out.logits[:, -1:], DraftTree.chain(input_ids[:, -1:]))  # no drafts
-    state.commit(tokens, kept, scores)
-    state.target_mask = prompt_mask
-    state.next_pos = prompt_mask.sum(-1)  # position of each row's newest token, not yet in the cache
-    state.drop_finished()
-
-    while state.rows.numel():
-        tree = state.propose()  # [rows, T]: the newest token (the root), then its drafts: a chain or a tree
-        positions = state.next_pos[:, None] + tree.depths
-        out = state.target_forward(tree.tokens, state.verify_mask(tree), positions)
-        tokens, kept, scores, path = state.verify(out.logits, tree)  # kept: accepted drafts + the target's token
-        state.record(state.commit(tokens, kept, scores), tree, path, kept)
-        state.keep_path(state.features(out), path, kept)
-        state.next_pos = state.next_pos + kept
+        # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
+        position_ids = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = state.target_forward(input_ids, attention_mask, position_ids, logits_to_keep=1)
+        _check_cache(state.cache)  # the layer types exist once the prefill filled the cache
+        state.holes = _holes_allowed(target, state.cache)
+        state.context = (state.features(out), prompt_mask, position_ids)
+        tokens, kept, scores, _ = state.verify(out.logits[:, -1:], DraftTree.chain(input_ids[:, -1:]))  # no drafts
+        state.commit(tokens, kept, scores)
+        state.target_mask = prompt_mask
+        state.next_pos = prompt_mask.sum(-1)  # position of each row's newest token, not yet in the cache
         state.drop_finished()
+
+        while state.rows.numel():
+            tree = state.propose()  # [rows, T]: the newest token (the root), then its drafts: a chain or a tree
+            positions = state.next_pos[:, None] + tree.depths
+            out = state.target_forward(tree.tokens, state.verify_mask(tree), positions)
+            tokens, kept, scores, path = state.verify(out.logits, tree)  # kept: accepted drafts + the target's token
+            state.record(state.commit(tokens, kept, scores), tree, path, kept)
+            state.keep_path(state.features(out), path, kept)
+            state.next_pos = state.next_pos + kept
+            state.drop_finished()
     return state.result()
 
 

@@ -153,6 +153,28 @@ def test_first_difference_and_dtype_choice():
         resolve_dtype("float33")
 
 
+def test_without_cudnn_attention_is_scoped_to_cuda_and_restores():
+    from hf_dflash.devices import without_cudnn_attention
+
+    enabled = torch.backends.cuda.cudnn_sdp_enabled  # a flag even in CPU builds, so this runs without a GPU
+    assert enabled()
+    with without_cudnn_attention("cpu"):
+        assert enabled()  # not CUDA: nothing changes
+    with without_cudnn_attention(torch.device("cuda", 0)):
+        assert not enabled()
+    assert enabled()
+    with pytest.raises(KeyError), without_cudnn_attention("cuda"):
+        raise KeyError  # restored on an error too
+    assert enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # the user's own choice is kept
+    try:
+        with without_cudnn_attention("cuda"):
+            assert not enabled()
+        assert not enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+
+
 # --- draft trees and the oracle -----------------------------------------------------------------------------------
 def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path))  # "auto" measures forward costs once, kept here

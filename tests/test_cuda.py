@@ -56,3 +56,19 @@ def test_bfloat16_runs_and_reports_acceptance():
     assert out.sequences.shape == (2, ids.shape[1] + 24)
     # every token after the prefill's first is counted once, in the step that committed it
     assert [sum(lengths) for lengths in out.acceptance_lengths] == [23, 23]
+
+
+def test_the_loop_runs_without_cudnn_attention():
+    # cuDNN attention builds a graph per new key length (~60 ms on an H200), and every step has a new one
+    target, drafter = on_cuda("qwen3", block_size=8, dtype=torch.bfloat16)
+    seen = []
+    record = lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+    handles = [m.register_forward_pre_hook(record) for m in (target, drafter)]
+    ids, mask = left_padded(2)
+    try:
+        generate(target, ids, mask, do_sample=False, assistant_model=drafter)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(seen) > 2 and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored for the user's other work
