@@ -38,8 +38,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
 from .cpu_ops import argmax, pack_linears
-from .devices import without_cudnn_attention
 from .cost_model import NodeCalibration, choose_tree_size, load_forward_costs
+from .devices import without_cudnn_attention
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
 from .tree import DraftTree, build_tree, gather_path, greedy_paths, tree_attention_mask
