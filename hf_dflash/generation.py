@@ -272,6 +272,9 @@ class _Decoder:
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
         if drafter.device.type == "cpu":
             pack_linears(drafter)  # its bfloat16 linears multiply prepacked weights (`hf_dflash.cpu_ops`)
+            head = None if self.draft_head is None else self.draft_head[0]
+            if head is not None and head.weight.data_ptr() != self.head.weight.data_ptr():
+                pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
         self.tree_size, self.costs, self.draft_seconds, self.calibration = 0, None, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
@@ -280,7 +283,7 @@ class _Decoder:
                 tree_size = self.costs.max_tokens - 1  # the largest verification the curve covers
                 self.calibration = NodeCalibration(self.block_size - 1)
             self.tree_size = tree_size
-            draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].shape[0]
+            draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].out_features
             self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
 
     # --- target -------------------------------------------------------------------------------------------

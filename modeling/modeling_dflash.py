@@ -314,11 +314,11 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         self.config.dflash_config["draft_vocab_size"] = int(ids.numel())
 
     def draft_head(self, output_head: nn.Module) -> tuple | None:
-        """`(weight, bias, token_ids)`: the rows of the target's head that the drafter scores (the `draft_vocab`
-        rows, or all rows with `token_ids=None`), in the drafter's dtype, to gather once per generation and pass to
-        `draft_tokens`. None for a head that is not a plain `nn.Linear` (e.g. quantized): drafts then score it whole.
-        The drafter's dtype because drafts only propose: a bfloat16 drafter beside a float32 target reads half the
-        bytes per step (the head is memory-bound) and the target's verification keeps the output exact."""
+        """`(head, token_ids)`: an `nn.Linear` over the rows of the target's head that the drafter scores (the
+        `draft_vocab` rows, or all rows with `token_ids=None`), in the drafter's dtype, to build once per generation
+        and pass to `draft_tokens`. None for a head that is not a plain `nn.Linear` (e.g. quantized): drafts then score
+        it whole. The drafter's dtype because drafts only propose: a bfloat16 drafter beside a float32 target reads
+        half the bytes per step (the head is memory-bound) and the target's verification keeps the output exact."""
         if type(output_head) is not nn.Linear:
             return None
         weight, bias, dtype = output_head.weight, output_head.bias, self.fc.weight.dtype
@@ -332,8 +332,13 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         weight, bias = weight.detach(), None if bias is None else bias.detach()  # drafts are an argmax: no gradient
         if rows is not None:
             weight, bias = weight[rows], None if bias is None else bias[rows]
-        head = weight.to(dtype), None if bias is None else bias.to(dtype), rows
-        if head[0].data_ptr() != output_head.weight.data_ptr():  # a copy: keeping the target's own would leak it
+        # a module rather than bare tensors: a CPU loop makes it multiply a prepacked weight (`hf_dflash.cpu_ops`)
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        linear.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
+        head = linear, rows
+        if linear.weight.data_ptr() != output_head.weight.data_ptr():  # a copy: keeping the target's own would leak it
             self._draft_head_cache = state, head
         return head
 
@@ -344,18 +349,16 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     def draft_tokens(
         self, hidden_states: torch.Tensor, output_head: nn.Module, head=None, return_confidence=False, top_k=None
     ):
-        """Greedy drafts as target token ids: the argmax of the draft logits over `head = draft_head(output_head)`
+        """Greedy drafts as target token ids: the argmax of the draft logits of `head = draft_head(output_head)`
         (its token ids), or over the whole `output_head` when `head` is None. With `return_confidence`, also the
         drafter's probability for each draft (softmax over the same logits). With `top_k`, the k most likely
         tokens per position instead, most likely first (a last dimension of size k, for draft trees)."""
         if head is None:
             logits, token_ids = self.compute_logits(hidden_states, output_head), None
         else:
-            weight, bias, token_ids = head
-            flat = hidden_states.reshape(-1, hidden_states.shape[-1]).to(device=weight.device, dtype=weight.dtype)
-            # `W @ h^T` rather than `h @ W^T`: for a few rows, CPU BLAS runs this layout about 2x faster
-            logits = (weight @ flat.T).T.reshape(*hidden_states.shape[:-1], weight.shape[0])
-            logits = self._scale_logits(logits if bias is None else logits + bias)
+            linear, token_ids = head
+            weight = linear.weight
+            logits = self._scale_logits(linear(hidden_states.to(device=weight.device, dtype=weight.dtype)))
         if top_k is not None:
             confidence, ids = logits.float().softmax(-1).topk(top_k, dim=-1)
             ids = ids if token_ids is None else token_ids[ids]

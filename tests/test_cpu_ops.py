@@ -107,4 +107,16 @@ def test_generate_packs_a_cpu_drafter_and_keeps_the_output():
                           assistant_model=drafter)
     assert all(type(m) is PackedLinear for m in drafter.modules() if isinstance(m, nn.Linear))
     assert "_packed" in drafter.layers[0].mlp.gate_proj.__dict__  # the packed path ran
+    head = drafter._draft_head_cache[1][0]  # the drafter's bfloat16 copy of the target's float32 head
+    assert type(head) is PackedLinear and "_packed" in head.__dict__
     assert torch.equal(out, plain)
+
+
+@needs_packing
+def test_generate_leaves_a_shared_output_head_unpacked():
+    target = make_target("qwen3", dtype=torch.bfloat16)
+    drafter = make_drafter(target, block_size=4)  # the same dtype, no draft vocabulary: the target's head as is
+    ids, mask = left_padded(2)
+    target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, assistant_model=drafter)
+    assert type(target.get_output_embeddings()) is nn.Linear and drafter._draft_head_cache is None
+    assert type(drafter.draft_head(target.get_output_embeddings())[0]) is nn.Linear  # no packed twin of a shared head

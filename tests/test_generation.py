@@ -181,7 +181,8 @@ def test_drafter_in_another_dtype_is_cast(draft_vocab):
     drafter = make_drafter(target).to(torch.bfloat16)
     drafter.set_draft_vocab(draft_vocab)
     head = target.get_output_embeddings()
-    weight, _, rows = drafter.draft_head(head)  # drafts are scored in the drafter's dtype, the target's in its own
+    linear, rows = drafter.draft_head(head)  # drafts are scored in the drafter's dtype, the target's in its own
+    weight = linear.weight
     assert weight.dtype == torch.bfloat16 and head.weight.dtype == torch.float32
     assert torch.equal(weight, head.weight.to(torch.bfloat16) if rows is None else head.weight[rows].to(torch.bfloat16))
     ids, mask = left_padded(2)

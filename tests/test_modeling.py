@@ -315,16 +315,16 @@ def test_draft_head_gather_is_kept_until_its_inputs_change():
     with torch.no_grad():
         head.weight[0] += 1.0  # an in-place write, as an optimizer step
     second = drafter.draft_head(head)
-    assert second is not first and torch.equal(second[0], head.weight.float())
+    assert second is not first and torch.equal(second[0].weight, head.weight.float())
     drafter.set_draft_vocab(range(10, 40))
     third = drafter.draft_head(head)
-    assert torch.equal(third[0], head.weight[10:40].float()) and torch.equal(third[2], torch.arange(10, 40))
+    assert torch.equal(third[0].weight, head.weight[10:40].float()) and torch.equal(third[1], torch.arange(10, 40))
     other = make_target("qwen3", seed=3).get_output_embeddings()
-    assert torch.equal(drafter.draft_head(other)[0], other.weight[10:40].float())
+    assert torch.equal(drafter.draft_head(other)[0].weight, other.weight[10:40].float())
     # a head already in the drafter's dtype, unrestricted, is used as is and not kept
     drafter.set_draft_vocab(None)
     same_dtype = randomized(make_drafter(target))
-    assert same_dtype.draft_head(head)[0].data_ptr() == head.weight.data_ptr() and same_dtype._draft_head_cache is None
+    assert same_dtype.draft_head(head)[0].weight.data_ptr() == head.weight.data_ptr() and same_dtype._draft_head_cache is None
     # a drafter holding the cache still copies and pickles (the cache is left out)
     assert drafter.draft_head(head) is drafter._draft_head_cache[1]
     for copied in (copy.deepcopy(drafter), pickle.loads(pickle.dumps(drafter))):
