@@ -132,17 +132,18 @@ def _sharegpt_records() -> Iterator[tuple[str, dict, str]]:
 
 def _messages(record: dict, where: str) -> list[dict]:
     if "messages" in record or "conversations" in record:
-        turns = record.get("messages") or record.get("conversations") or []
         messages = []
-        for turn in turns:
+        for turn in record.get("messages") or record.get("conversations") or []:
             speaker = turn.get("from")
             role = turn.get("role") or (_SHAREGPT_ROLES.get(speaker, "assistant") if speaker else None)
             content = turn.get("content", turn.get("value"))
             if role is None or not isinstance(content, str):
                 raise DataError(f"{where}: a turn without role/content: {str(turn)[:80]}")
-            if role == "assistant":
-                break
             messages.append({"role": role, "content": content})
+        # A conversation that ends with a user turn asks for the answer to it, with its history; one that ends with
+        # an answer (a ShareGPT record) is cut before its first answer: the target regenerates that one.
+        if "assistant" in [m["role"] for m in messages] and messages[-1]["role"] != "user":
+            messages = messages[: [m["role"] for m in messages].index("assistant")]
         return messages if messages and messages[-1]["role"] == "user" and messages[-1]["content"].strip() else []
     for key in _PROMPT_KEYS:
         if isinstance(record.get(key), str):

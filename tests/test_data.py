@@ -20,13 +20,18 @@ def test_prompt_formats(tmp_path):
         json.dumps({"question": "gsm8k style", "answer": "ignored"}),
         json.dumps({"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "chat"},
                                  {"role": "assistant", "content": "old reply, regenerated"}]}),
-        json.dumps({"id": "sg", "conversations": [{"from": "human", "value": "sharegpt"}, {"from": "bing", "value": "x"}]}),
+        json.dumps({"id": "sg", "conversations": [{"from": "human", "value": "sharegpt"}, {"from": "bing", "value": "x"},
+                                                  {"from": "human", "value": "later"}, {"from": "gpt", "value": "y"}]}),
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                                 {"role": "user", "content": "second turn"}]}),
         "",
     ])
     prompts = list(read_prompts(jsonl))
-    assert [p.messages[-1]["content"] for p in prompts] == ["plain", "gsm8k style", "chat", "sharegpt"]
+    assert [p.messages[-1]["content"] for p in prompts] == ["plain", "gsm8k style", "chat", "sharegpt", "second turn"]
     assert prompts[2].messages[0] == {"role": "system", "content": "sys"} and len(prompts[2].messages) == 2
-    assert prompts[3].id == "sg" and len({p.id for p in prompts}) == 4
+    assert prompts[3].id == "sg" and len({p.id for p in prompts}) == 5
+    # a conversation ending with a user turn keeps its history: the target answers the last turn
+    assert [m["content"] for m in prompts[4].messages] == ["hi", "hello", "second turn"]
     (tmp_path / "a.json").write_text(json.dumps([{"instruction": "alpaca"}, {"prompt": "mbpp", "task_id": 7}]))
     assert [p.id for p in read_prompts(tmp_path / "a.json")][1] == "7"
     write(tmp_path / "t.txt", ["first paragraph", "still first", "", "second"])
