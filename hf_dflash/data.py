@@ -142,8 +142,9 @@ def _messages(record: dict, where: str) -> list[dict]:
             messages.append({"role": role, "content": content})
         # A conversation that ends with a user turn asks for the answer to it, with its history; one that ends with
         # an answer (a ShareGPT record) is cut before its first answer: the target regenerates that one.
-        if "assistant" in [m["role"] for m in messages] and messages[-1]["role"] != "user":
-            messages = messages[: [m["role"] for m in messages].index("assistant")]
+        roles = [m["role"] for m in messages]
+        if "assistant" in roles and roles[-1] != "user":
+            messages = messages[: roles.index("assistant")]
         return messages if messages and messages[-1]["role"] == "user" and messages[-1]["content"].strip() else []
     for key in _PROMPT_KEYS:
         if isinstance(record.get(key), str):
