@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -285,7 +286,6 @@ def benchmark(
     assistant_confidence_threshold: float | None = None,
     draft_tree_sizes=None,
     oracle: bool = False,
-    oracle_repeats: int = 10,
 ) -> dict:
     """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
     size. Per prompt batch: new tokens, seconds, acceptance lengths per step and their histogram; per run: tau
@@ -301,12 +301,11 @@ def benchmark(
 
     `oracle=True` (greedy only): the DFlash calls draft the target's own greedy continuation after the real drafter
     ran (`hf_dflash.oracle`; precomputed from the plain call, recomputed from the committed text where a near-tie
-    left it; the oracle's own work untimed), and each run reports the loop's speedup, the ceiling from forwards timed in the same run
-    (B x t(1) / t(B) for a chain; `oracle_repeats` timings of each size) and their ratio."""
+    left it; the oracle's own work untimed), and each run reports the loop's speedup, the ceiling from forwards timed
+    after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio."""
     from tqdm.auto import tqdm
 
-    from .cost_model import time_forwards
-    from .oracle import OracleDrafts, ceiling, oracle_generate
+    from .oracle import OracleDrafts, oracle_generate
 
     unknown = set(baselines) - set(BASELINES)
     if unknown:
@@ -431,7 +430,7 @@ def benchmark(
                 bar.update(1)
             run = _summarise(set_name, batch_size, mode, block, tree, records, active, skipped, greedy)
             if oracle:
-                run["oracle"] = _oracle_summary(run, target, time_forwards, ceiling, oracle_repeats)
+                run["oracle"] = _oracle_summary(run)
             runs.append(run)
     bar.close()
     results = {
@@ -466,48 +465,31 @@ def _encode(prompts: list, tokenizer, pad_id: int, device) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _oracle_summary(run: dict, target, time_forwards, ceiling, repeats: int) -> dict:
-    """The oracle run's speedup against the ceiling, with the target's forwards timed now: t(1) and t(V) for the
-    V tokens its steps verify (the block for a chain, the tree's nodes + 1, or each size "auto" chose), after a
-    cache of the run's mean context while decoding (prompt + half the new tokens), at its batch size. Two ceilings:
-    every step commits its block (B x t(1) / t(B)), and the run's own steps (what each verified and committed)."""
-    block, tree, s, batch = run["block_size"], run["tree_size"], run["summary"], run["batch_size"]
-    steps = _steps(run)  # (tokens verified, tokens committed by all rows) per target forward after the prefill
-    if tree == "auto":  # the sizes it chose, step by step
-        verified = [v for v, _ in steps]
-    else:
-        verified = [block if tree == 0 else tree + 1]
-    # the decoding steps' mean context: both calls' forwards run from the prompt to prompt + new tokens, and the
-    # verification's attention (over k queries) grows with it faster than a one-token forward's
-    records = run["prompts"]
-    context = round(sum(r["prompt_len"] + r["plain"]["new_tokens"] / batch / 2 for r in records) / len(records))
-    seconds = time_forwards(target, [1, *verified, *(v for v, _ in steps)], context, batch_size=batch,
-                            repeats=repeats, tree=tree != 0)
-    limit = ceiling(seconds, block, verified, batch_size=batch)
-    own = ceiling(seconds, block, [v for v, _ in steps], [c for _, c in steps], batch_size=batch)
+def _oracle_summary(run: dict) -> dict:
+    """The oracle run's speedup against its ceilings (`hf_dflash.oracle.ceilings`, from forwards timed after each
+    step on its own cache). A third number needs no timed forward: the calls' own target forwards (plain's one-token
+    steps, the loop's verifications), whose time ratio is the speedup the run would have if nothing but the target's
+    forwards cost time."""
+    from .oracle import ceilings
+
+    s, records = run["summary"], run["prompts"]
+    steps = [step for r in records for step in r["oracle"]["steps"]]
+    limit, own = ceilings(steps, run["block_size"])
     # The ceiling is the decoding steps' own: the prefill (the same forward in both calls) is left out of both
     plain, dflash = (s[f"{m}_seconds"] - run["profile"][m]["prefill_seconds"] for m in ("plain", "dflash"))
+    forwards = [sum(r[m]["phases"]["target_steps"] for r in records) for m in ("plain", "dflash")]
+    sizes = sorted({k for step in steps for k in step["seconds"]}, key=int)
+    mean = {k: statistics.mean(step["seconds"][k] for step in steps if k in step["seconds"]) for k in sizes}
     return {
         "speedup": s["speedup"], "decode_speedup": plain / dflash, "ceiling": limit, "ratio": plain / dflash / limit,
         "ratio_with_prefill": s["speedup"] / limit, "steps_ceiling": own, "steps_ratio": plain / dflash / own,
-        "forward_seconds": {str(k): v for k, v in seconds.items()}, "context": context,
-        "wrong_steps": sum(r["oracle"]["wrong_steps"] for r in run["prompts"]),
-        "resyncs": sum(len(r["oracle"]["resyncs"]) for r in run["prompts"]),
-        "resync_seconds": sum(r["oracle"]["resync_seconds"] for r in run["prompts"]),
-        "untimed_seconds": sum(r["oracle"]["untimed_seconds"] for r in run["prompts"]),
+        "calls_ceiling": forwards[0] / forwards[1], "calls_ratio": plain / dflash * forwards[1] / forwards[0],
+        "forward_seconds": mean,  # each size's mean over the steps that timed it
+        "wrong_steps": sum(r["oracle"]["wrong_steps"] for r in records),
+        "resyncs": sum(len(r["oracle"]["resyncs"]) for r in records),
+        "resync_seconds": sum(r["oracle"]["resync_seconds"] for r in records),
+        "untimed_seconds": sum(r["oracle"]["untimed_seconds"] for r in records),
     }
-
-
-def _steps(run: dict) -> list[tuple[int, int]]:
-    """Per target forward after the prefill, in every batch: (tokens verified: the widest row's drafts + 1, tokens
-    committed by all its rows); a row that stopped takes no part in later steps."""
-    steps = []
-    for record in run["prompts"]:
-        rows = list(zip(record["draft_lengths"], record["acceptance_lengths"]))
-        for j in range(max(len(d) for d, _ in rows)):
-            live = [(d[j], a[j]) for d, a in rows if j < len(d)]
-            steps.append((max(d for d, _ in live) + 1, sum(a for _, a in live)))
-    return steps
 
 
 def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped, greedy) -> dict:
@@ -599,12 +581,14 @@ def to_markdown(results: dict) -> str:
     if any("oracle" in run for run in results["runs"]):
         lines += ["", "Oracle: always-right drafts (the target's own greedy continuation, placed after the real "
                   "drafter ran); ceiling = tokens committed per step x t(1) / t(tokens verified per step), forwards "
-                  "timed in the same run, with every step committing its block (B x t(1) / t(B)) and with the run's "
-                  "own steps (a last step cut by the token budget, a near-tie's wrong draft: verified and committed "
-                  "as they were); decode speedup: both calls' prefill left out:", ""]
+                  "timed after each step on its own cache (t: their mean), with every step committing its block "
+                  "(B x t(1) / t(B)) and with the run's own steps (a last step cut by the token budget, a near-tie's "
+                  "wrong draft: verified and committed as they were); decode speedup: both calls' prefill left out; "
+                  "the calls' forwards: the same ratio against the time of the calls' own target forwards (plain's "
+                  "one-token steps over the loop's verifications), no timed forward:", ""]
         head = ["set", "batch", "block", "tree", "tau", "wrong drafts", "resyncs", "t(1) ms", "t(verified) ms",
                 "speedup", "decode speedup", "ceiling", "decode speedup / ceiling", "ceiling of its steps",
-                "decode speedup / that"]
+                "decode speedup / that", "/ the calls' forwards"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for run in results["runs"]:
             o = run["oracle"]
@@ -617,7 +601,7 @@ def to_markdown(results: dict) -> str:
                      f"{1000 * o['forward_seconds']['1']:.1f}",
                      ", ".join(f"{1000 * v:.1f} ({k})" for k, v in verified.items()),
                      f"{o['speedup']:.2f}x", f"{o['decode_speedup']:.2f}x", f"{o['ceiling']:.2f}x", f"{o['ratio']:.2f}",
-                     f"{o['steps_ceiling']:.2f}x", f"{o['steps_ratio']:.2f}"]
+                     f"{o['steps_ceiling']:.2f}x", f"{o['steps_ratio']:.2f}", f"{o['calls_ratio']:.2f}"]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     head = ["set", "batch", "mode", "block", "tree", "plain: target fwd", "plain: other", "dflash: target verify",
             "dflash: drafter layers", "dflash: drafter lm_head + block", "dflash: other"]

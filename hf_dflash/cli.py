@@ -233,7 +233,7 @@ def bench_cmd(args) -> int:
         modes=args.modes, temperature=args.temperature, max_new_tokens=args.max_new_tokens, baselines=args.baselines,
         threads=args.threads, warmup=args.warmup, seed=args.seed, drafter_note=note,
         assistant_confidence_threshold=args.assistant_confidence_threshold, draft_tree_sizes=args.draft_tree_sizes,
-        oracle=args.oracle, oracle_repeats=args.oracle_repeats,
+        oracle=args.oracle,
     )
     results["target"], results["drafter"]["source"] = source, args.drafter or "untrained (random)"
     paths = write_outputs(results, args.output_dir, make_plot=not args.no_plot)
@@ -371,9 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the drafter's own)")
     p.add_argument("--oracle", action="store_true",
                    help="always-right drafts (the target's greedy continuation, placed after the real drafter ran): "
-                        "the loop's speedup against the ceiling B x t(1) / t(B) measured in the same run")
-    p.add_argument("--oracle-repeats", type=int, default=10,
-                   help="timed rounds of the target's forwards for the oracle's ceiling (median)")
+                        "the loop's speedup against the ceiling B x t(1) / t(B), forwards timed after each step")
     p.add_argument("--random-target", metavar="CONFIG",
                    help="a random-weight target instead of --target and --sets: a config.json path or a named shape "
                         "(qwen3-8b, smollm2-135m, tiny), with a matching random drafter and random prompts; "

@@ -1,17 +1,18 @@
 """The oracle benchmark: how close the decoding loop gets to what the hardware allows.
 
 With always-right drafts a step commits a whole block, so the best speedup over plain `generate` a block of B tokens
-can give is the ceiling B x t(1) / t(B), t(k) being the target's forward over k new tokens after a cache of the
-decoding's mean context (the prompt and half the new tokens). The loop reaches less: the drafter's forward, the
-verification's bookkeeping, the cache updates. `OracleDecoder` runs the real loop with the real drafter, then
-replaces its drafts with the target's own greedy continuation (`OracleDrafts`, precomputed by the plain `generate` run
-the benchmark makes anyway), so the measured speedup over the ceiling is the loop's efficiency.
+can give is the ceiling B x t(1) / t(B), t(k) being the target's forward over k new tokens. The loop reaches less: the
+drafter's forward, the verification's bookkeeping, the cache updates. `OracleDecoder` runs the real loop with the real
+drafter, then replaces its drafts with the target's own greedy continuation (`OracleDrafts`, precomputed by the plain
+`generate` run the benchmark makes anyway), so the measured speedup over the ceiling is the loop's efficiency. After
+each step it also times t(1) and t(k) of the sizes the ceiling needs, there, on the step's own cache: a machine's
+drift (clocks, other jobs) then reaches the loop and its ceiling alike (`ceilings`).
 `hf_dflash.bench.benchmark(..., oracle=True)` measures both in the same run.
 
 In bfloat16 a verification over B tokens may round a near-tie differently from one-token forwards, so the committed
 text can leave the precomputed continuation; the oracle then recomputes the continuation from the committed text.
-That, and the oracle's own bookkeeping (placing its drafts, counting rejected ones), run inside pauses of the
-benchmark's timer, so their time is not the loop's.
+That, the oracle's own bookkeeping (placing its drafts, counting rejected ones) and its timed forwards run inside
+pauses of the benchmark's timer, so their time is not the loop's.
 
 Random targets (`build_random_models`): a named shape (`RANDOM_SHAPES`) or a config file built with random weights on
 any device, with a matching random drafter, so the measurement runs on a GPU without downloading weights.
@@ -27,6 +28,7 @@ import torch
 from .cost_model import now
 from .generation import _Decoder, dflash_decode
 from .hooks import original_generate
+from .tree import DraftTree, tree_attention_mask
 
 # Shapes of public models (their config.json dims), for random targets; `draft_layers`: the drafter they get by
 # default (z-lab's Qwen3-8B drafter has 5 layers).
@@ -60,7 +62,8 @@ class OracleDrafts:
     provides; the oracle's own work (`untimed`: placing drafts, counting rejected ones, recomputing a continuation)
     runs inside it. Counted: `wrong_steps` (verifications that rejected a draft the oracle placed), `resyncs` (the
     generated length at each recomputation after the committed text left the continuation), `resync_seconds` (all
-    recomputations, extensions included), and `untimed_seconds` (all of the oracle's work).
+    recomputations, extensions included), and `untimed_seconds` (all of the oracle's work). `steps`: per step after
+    the prefill, what the ceiling needs (`OracleDecoder.time_ceiling`).
     """
 
     def __init__(self, continuation: torch.LongTensor, prompt_mask=None, pad_token_id: int = 0, stop_ids=(),
@@ -77,6 +80,7 @@ class OracleDrafts:
         self.resyncs: list[int] = []
         self.resync_seconds = 0.0
         self.untimed_seconds = 0.0
+        self.steps: list[dict] = []
 
     @classmethod
     def from_plain(cls, sequences, prompt_len: int, max_new_tokens: int, prompt_mask=None, pad_token_id: int = 0,
@@ -171,7 +175,7 @@ class OracleDrafts:
 
     def record(self) -> dict:
         return {"wrong_steps": self.wrong_steps, "resyncs": list(self.resyncs), "resync_seconds": self.resync_seconds,
-                "untimed_seconds": self.untimed_seconds}
+                "untimed_seconds": self.untimed_seconds, "steps": list(self.steps)}
 
 
 class OracleDecoder(_Decoder):
@@ -208,6 +212,39 @@ class OracleDecoder(_Decoder):
         self.oracle.count_wrong(self, tree, kept)
         return tokens, kept, scores, path
 
+    def record(self, committed, tree, path, kept):
+        super().record(committed, tree, path, kept)
+        self._step = {"rows": int(self.rows.numel()), "verified": tree.tokens.shape[1],
+                      "committed": int(committed.sum())}
+
+    def keep_path(self, features, path, kept):
+        super().keep_path(features, path, kept)
+        with self.oracle.untimed(self.target.device):
+            self.time_ceiling(self.next_pos + kept)
+
+    def time_ceiling(self, next_pos: torch.LongTensor) -> None:
+        """The ceiling's forwards, timed after the step on its own cache (then dropped from it): t(1), t(the tokens
+        the step verified) and t(a full step: the block, a tree's nodes + 1; "auto": what it verified), as the loop
+        verifies (a tree with a tree mask). One each, in turns, in reverse order every other step. Kept in
+        `oracle.steps` with the step's rows, tokens verified and tokens committed (all rows)."""
+        step = self._step
+        full = step["verified"] if self.costs is not None else self.tree_size + 1 if self.tree_size else self.block_size
+        sizes = sorted({1, step["verified"], full}, reverse=len(self.oracle.steps) % 2 == 1)
+        newest = self.sequences[self.rows, self.lengths[self.rows] - 1]  # [rows]: any token costs the same
+        seconds = {}
+        for k in sizes:
+            chain = DraftTree.chain(newest[:, None].expand(-1, k))
+            if self.tree_size and k > 1:
+                mask = tree_attention_mask(chain, self.target_mask, self.cache, self.target.dtype)
+            else:
+                mask = self.verify_mask(chain)
+            positions = next_pos[:, None] + torch.arange(k, device=next_pos.device)
+            began = now(self.target.device)
+            self.target_forward(chain.tokens, mask, positions)
+            seconds[str(k)] = now(self.target.device) - began
+            self.cache.crop(-k)
+        self.oracle.steps.append({**step, "full": full, "seconds": seconds})
+
 
 def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draft_tree_size=None,
                     assistant_confidence_threshold=None, **kwargs):
@@ -222,17 +259,16 @@ def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draf
 
 
 # --- the ceiling --------------------------------------------------------------------------------------------------
-def ceiling(seconds: dict, block_size: int, verified: list[int], committed: list[int] | None = None,
-            batch_size: int = 1) -> float:
-    """The speedup over plain decoding with always-right drafts: tokens committed per second over plain's
-    batch_size / t(1). `verified`: the tokens each step verifies (the newest + drafts; the widest row's in a batch);
-    by default a step commits min(block_size, verified) per row, its right chain plus the target's token: for one
-    block of B tokens, B x t(1) / t(B). `committed` (all rows together, per step) makes it the ceiling of a run's own
-    steps instead: those a fixed token budget cuts short at the end, or a bfloat16 near-tie leaves wrong, cost the
-    same forward and commit less, for the loop and for its ceiling alike."""
-    if committed is None:
-        committed = [batch_size * min(block_size, v) for v in verified]
-    return sum(committed) * seconds[1] / (batch_size * sum(seconds[v] for v in verified))
+def ceilings(steps: list[dict], block_size: int) -> tuple[float, float]:
+    """Two ceilings of a run from its steps' timed forwards (`OracleDecoder.time_ceiling`; any number of `generate`
+    calls' steps, pooled): the speedup over plain decoding with always-right drafts, that is plain decoding's seconds
+    for the tokens (tokens per row x t(1)) over the steps' seconds, with each step's own t. First, every step
+    commits its full step, min(block_size, verified) tokens a row: for a chain of B, B x t(1) / t(B). Second, each
+    step as it was (its tokens verified and committed): a last step cut short by the token budget, or a near-tie's
+    wrong draft in bfloat16, costs a forward and commits less, for the loop and its ceiling alike."""
+    full = [(min(block_size, s["full"]) * s["seconds"]["1"], s["seconds"][str(s["full"])]) for s in steps]
+    own = [(s["committed"] / s["rows"] * s["seconds"]["1"], s["seconds"][str(s["verified"])]) for s in steps]
+    return tuple(sum(p for p, _ in pairs) / sum(t for _, t in pairs) for pairs in (full, own))
 
 
 # --- random targets -----------------------------------------------------------------------------------------------

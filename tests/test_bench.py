@@ -213,34 +213,40 @@ def _oracle_checks(run):
     prefill = {m: sum(r[m]["phases"]["target_prefill"] for r in run["prompts"]) for m in ("plain", "dflash")}
     decode = (s["plain_seconds"] - prefill["plain"]) / (s["dflash_seconds"] - prefill["dflash"])
     assert o["decode_speedup"] == pytest.approx(decode) and o["ratio"] == pytest.approx(decode / o["ceiling"])
-    t = {int(k): v for k, v in o["forward_seconds"].items()}
     verified = run["block_size"] if run["tree_size"] == 0 else run["tree_size"] + 1
-    assert all(v > 0 for v in t.values())
-    assert o["ceiling"] == pytest.approx(min(run["block_size"], verified) * t[1] / t[verified])
-    # the run's own steps: each row's last step is cut by max_new_tokens, so it verifies and commits less; a batch's
-    # step verifies its widest row and commits all its rows' tokens
-    own = {}
-    for i, record in enumerate(run["prompts"]):
+    # the forwards timed after each step, on its cache: t(1), t(what it verified), t(a full step)
+    limit, own = [0, 0], [0, 0]
+    for record in run["prompts"]:
+        steps = record["oracle"]["steps"]
+        # the batch's own steps: each row's last step is cut by max_new_tokens, so it verifies and commits less; a
+        # step verifies its widest row and commits all its rows' tokens
+        expected = {}
         for ds, acc in zip(record["draft_lengths"], record["acceptance_lengths"]):
             for j, (d, a) in enumerate(zip(ds, acc)):
-                v, c = own.get((i, j), (0, 0))
-                own[i, j] = max(v, d + 1), c + a
-    steps = list(own.values())
-    batch = run["batch_size"]
-    assert set(t) == {1, verified} | {v for v, _ in steps}
-    assert o["steps_ceiling"] == pytest.approx(sum(c for _, c in steps) * t[1] / batch / sum(t[v] for v, _ in steps))
+                v, c, rows = expected.get(j, (0, 0, 0))
+                expected[j] = max(v, d + 1), c + a, rows + 1
+        assert [(s["verified"], s["committed"], s["rows"]) for s in steps] == list(expected.values())
+        for step in steps:
+            t = step["seconds"]
+            assert step["full"] == verified and set(t) == {"1", str(verified), str(step["verified"])}
+            assert all(v > 0 for v in t.values())
+            limit[0] += min(run["block_size"], verified) * t["1"]
+            limit[1] += t[str(verified)]
+            own[0] += step["committed"] / step["rows"] * t["1"]
+            own[1] += t[str(step["verified"])]
+    assert o["ceiling"] == pytest.approx(limit[0] / limit[1])
+    assert o["steps_ceiling"] == pytest.approx(own[0] / own[1])
     assert o["steps_ratio"] == pytest.approx(decode / o["steps_ceiling"])
-    # forwards timed at the decoding's mean context: each batch's prompt, then half of what its rows generated (the
-    # prefill's token and each step's)
-    middle = [r["prompt_len"] + sum(sum(a) + 1 for a in r["acceptance_lengths"]) / 2 / batch for r in run["prompts"]]
-    assert o["context"] == round(sum(middle) / len(middle)) > round(min(r["prompt_len"] for r in run["prompts"]))
+    # no timed forward: the calls' own target forwards after the prefill
+    forwards = [sum(r[m]["phases"]["target_steps"] for r in run["prompts"]) for m in ("plain", "dflash")]
+    assert o["calls_ratio"] == pytest.approx(decode * forwards[1] / forwards[0])
 
 
 def test_oracle_drafts_are_all_right(setup):
     target, drafter, tokenizer, prompts = setup
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), block_sizes=[4, 3],
                         draft_tree_sizes=[0, 6], max_new_tokens=10, baselines=("plain",), warmup=0, progress=False,
-                        oracle=True, oracle_repeats=1)
+                        oracle=True)
     assert results["settings"]["oracle"] is True and len(results["runs"]) == 8
     for run in results["runs"]:
         assert run["oracle"]["wrong_steps"] == run["oracle"]["resyncs"] == 0
@@ -252,7 +258,7 @@ def test_oracle_drafts_are_all_right(setup):
     lines = results["markdown"].splitlines()
     at = lines.index("| set | batch | block | tree | tau | wrong drafts | resyncs | t(1) ms | t(verified) ms | speedup "
                      "| decode speedup | ceiling | decode speedup / ceiling | ceiling of its steps "
-                     "| decode speedup / that |")
+                     "| decode speedup / that | / the calls' forwards |")
     assert all(line.startswith("| toy |") for line in lines[at + 2 : at + 10])
     with pytest.raises(ValueError, match="greedy"):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
@@ -275,8 +281,7 @@ def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkey
     target, drafter, tokenizer, prompts = setup
     monkeypatch.setattr(OracleDrafts, "from_plain", classmethod(diverging))
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(2,), block_sizes=[4],
-                        max_new_tokens=max_new_tokens, baselines=("plain",), warmup=0, progress=False, oracle=True,
-                        oracle_repeats=1)
+                        max_new_tokens=max_new_tokens, baselines=("plain",), warmup=0, progress=False, oracle=True)
     run = results["runs"][0]
     assert run["summary"]["identical"] is True  # the target still decides: output unchanged
     assert run["oracle"]["wrong_steps"] == run["oracle"]["resyncs"] == 2  # row 0 of both batches
@@ -299,24 +304,29 @@ def test_oracle_drafts_end_at_a_stop_token(setup, monkeypatch):
     assert new[2] not in new[:2]  # the stop lands inside the first verified block of 4
     monkeypatch.setattr(target.generation_config, "eos_token_id", new[2])
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), block_sizes=[4],
-                        max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True,
-                        oracle_repeats=1)
+                        max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True)
     for run in results["runs"]:
         assert run["summary"]["identical"] is True and run["oracle"]["wrong_steps"] == 0
     # the prefill's token, then one step: the second new token and the third, the stop
     assert results["runs"][0]["prompts"][0]["acceptance_lengths"] == [[2]]
 
 
-def test_ceiling():
-    from hf_dflash.oracle import ceiling
+def test_ceilings():
+    from hf_dflash.oracle import ceilings
 
-    assert ceiling({1: 1.0, 4: 2.0}, 4, [4]) == 2.0  # B x t(1) / t(B)
-    assert ceiling({1: 1.0, 9: 3.0}, 4, [9]) == 4 / 3  # a tree of 8: the block's right chain, 9 tokens verified
-    assert ceiling({1: 1.0, 3: 2.0}, 8, [1, 3]) == 4 / 3  # "auto": 1 + 3 tokens committed in 1 + 2 seconds
-    # a run's own steps: a full block of 4, then a last step verifying 3 that commits 2
-    assert ceiling({1: 1.0, 3: 1.5, 4: 2.0}, 4, [4, 3], committed=[4, 2]) == 6 / 3.5
-    assert ceiling({1: 1.0, 4: 2.0}, 4, [4], committed=[7], batch_size=2) == 7 / 4  # two rows: 4 + 3 in one step
-    assert ceiling({1: 1.0, 4: 2.0}, 4, [4], batch_size=2) == 2.0
+    def step(verified, committed, t, rows=1, full=None):
+        return {"rows": rows, "verified": verified, "committed": committed, "full": full or verified,
+                "seconds": {str(k): v for k, v in t.items()}}
+
+    assert ceilings([step(4, 4, {1: 1.0, 4: 2.0})], 4) == (2.0, 2.0)  # B x t(1) / t(B)
+    # a tree of 8: the block's right chain commits 4, 9 tokens verified
+    assert ceilings([step(9, 4, {1: 1.0, 9: 3.0})], 4) == (4 / 3, 4 / 3)
+    assert ceilings([step(1, 1, {1: 1.0}), step(3, 3, {1: 1.0, 3: 2.0})], 8) == (4 / 3, 4 / 3)  # "auto"'s sizes
+    # a full block of 4, then a last step verifying 3 that commits 2 (its full step: 4); each step its own t(1)
+    steps = [step(4, 4, {1: 1.0, 4: 2.0}), step(3, 2, {1: 2.0, 3: 3.0, 4: 4.0}, full=4)]
+    assert ceilings(steps, 4) == ((4 * 1.0 + 4 * 2.0) / (2.0 + 4.0), (4 * 1.0 + 2 * 2.0) / (2.0 + 3.0))
+    # two rows: 4 + 3 tokens committed in one step of 4, against plain's two rows per t(1)
+    assert ceilings([step(4, 7, {1: 1.0, 4: 2.0}, rows=2)], 4) == (2.0, 7 / 4)
 
 
 def test_random_target_oracle_from_the_command_line(tmp_path):

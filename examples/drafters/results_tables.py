@@ -54,16 +54,17 @@ def speed_table(named):
 
 def oracle_table(named):
     head = ["dtype", "drafter", "block", "tau", "speedup", "decode speedup", "ceiling B t(1)/t(B)", "ratio",
-            "ceiling of its steps", "ratio", "t(1) ms", "t(B) ms"]
+            "ceiling of its steps", "ratio", "ratio to the calls' forwards", "t(1) ms", "t(B) ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, results in named:
         layers = results["drafter"]["num_hidden_layers"]
         for run in results["runs"]:
             o, block = run["oracle"], run["block_size"]
             t = {int(k): v for k, v in o["forward_seconds"].items()}  # max: the full step's size (last steps are shorter)
+            calls = f"{o['calls_ratio']:.2f}" if "calls_ratio" in o else "-"  # older runs: not recorded
             lines.append(f"| {name} | {layers} layer{'s' * (layers > 1)} | {block} | {run['summary']['tau']:.2f} | "
                          f"{o['speedup']:.2f}x | {o['decode_speedup']:.2f}x | {o['ceiling']:.2f}x | {o['ratio']:.2f} | "
-                         f"{o['steps_ceiling']:.2f}x | {o['steps_ratio']:.2f} | {1000 * t[1]:.1f} | "
+                         f"{o['steps_ceiling']:.2f}x | {o['steps_ratio']:.2f} | {calls} | {1000 * t[1]:.1f} | "
                          f"{1000 * t[max(t)]:.1f} |")
     return "\n".join(lines)
 
