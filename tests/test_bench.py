@@ -264,6 +264,20 @@ def test_oracle_drafts_are_all_right(setup):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
 
 
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_oracle_timed_forwards_leave_sliding_caches_as_they_were(setup, arch):
+    """The ceiling's forwards run on the step's own cache and are dropped again: with sliding-window layers
+    (windows of 5-6 slots, 14 new tokens) every oracle draft stays right and the output stays plain's."""
+    _, _, tokenizer, prompts = setup
+    target = make_target(arch, dtype=torch.float32)
+    results = benchmark(target, make_drafter(target, block_size=4), tokenizer, {"toy": prompts}, batch_sizes=(1, 2),
+                        block_sizes=[4], draft_tree_sizes=[0, 5], max_new_tokens=14, baselines=("plain",), warmup=0,
+                        progress=False, oracle=True)
+    for run in results["runs"]:
+        assert run["summary"]["identical"] is True and run["oracle"]["wrong_steps"] == 0
+        _oracle_checks(run)
+
+
 @pytest.mark.parametrize("max_new_tokens, lengths", [(10, [4, 1, 4]), (22, [4, 1, 4, 4, 4, 4])])
 def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkeypatch, max_new_tokens, lengths):
     """As a bfloat16 near-tie would: the precomputed continuation of row 0 is wrong at new token 5, so that draft is
