@@ -44,6 +44,7 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     if config.threads:
         torch.set_num_threads(config.threads)
     bf16 = native_bf16() if config.bf16 is None else config.bf16
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()  # a caller's own process group
     accelerator = Accelerator(
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         mixed_precision="bf16" if bf16 else "no",
@@ -178,8 +179,12 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
             summary["eval"] = _eval_and_log(raw_drafter, target, tokenizer, config, max_steps, log_path, accelerator)
         (output / TRAINING_ARGS).write_text(json.dumps({**_flat(config), **summary}, indent=2))
         write_model_card(output)
-    if config.report_to:
-        accelerator.end_training()
+    accelerator.wait_for_everyone()  # no process leaves while the main one saves
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    if not joined and torch.distributed.is_available() and torch.distributed.is_initialized():
+        # the group accelerate started here: left alive, its gloo threads can abort a process at exit
+        torch.distributed.destroy_process_group()
     return raw_drafter
 
 
