@@ -243,11 +243,25 @@ def _histogram(lengths: list[int], block_size: int) -> list[int]:
     return counts
 
 
+def _cpu() -> dict:
+    """The CPU's model name and the instruction sets that decide bfloat16 speed (Linux: /proc/cpuinfo; elsewhere
+    only what `platform` knows): a kernel string does not tell an AMX Xeon from an AVX512-BF16 EPYC."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"cpu": platform.processor() or platform.machine()}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {"cpu": fields.get("model name", platform.machine()), "cpu_flags": [f for f in wanted if f in flags]}
+
+
 def _machine(threads: int) -> dict:
     import transformers
 
     return {
-        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(), **_cpu(),
         "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(), "threads": threads,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -554,12 +568,21 @@ def _tree_label(tree) -> str:
     return "chain" if tree == 0 else str(tree)
 
 
+def _measured_on(results: dict) -> str:
+    m, settings = results["machine"], results["settings"]
+    device = m.get("cuda") or f"{m.get('cpu', m['processor'])} ({', '.join(m.get('cpu_flags', [])) or 'flags unknown'})"
+    prompts = ", ".join(f"{name} {n}" for name, n in settings["num_prompts"].items())
+    return (f"Measured on {device}, {m['cpu_count']} CPU cores, {m['torch_threads']} torch thread(s), torch "
+            f"{m['torch']}, transformers {m['transformers']}, {m['date']}; target {settings['target_dtype']}, "
+            f"drafter {settings['drafter_dtype']}; prompts: {prompts}.")
+
+
 def to_markdown(results: dict) -> str:
     names = [b for b in results["settings"]["baselines"] if b != "plain"]
     head = ["set", "batch", "mode", "block", "tree", "tau", "drafts/step", "tok/s plain", "tok/s dflash", "speedup",
             "identical"]
     head += [f"tok/s {n}" for n in names]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [_measured_on(results), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in results["runs"]:
         s = run["summary"]
         identical = "-" if s["identical"] is None else ("yes" if s["identical"] else
@@ -601,7 +624,8 @@ def to_markdown(results: dict) -> str:
                      f"{1000 * o['forward_seconds']['1']:.1f}",
                      ", ".join(f"{1000 * v:.1f} ({k})" for k, v in verified.items()),
                      f"{o['speedup']:.2f}x", f"{o['decode_speedup']:.2f}x", f"{o['ceiling']:.2f}x", f"{o['ratio']:.2f}",
-                     f"{o['steps_ceiling']:.2f}x", f"{o['steps_ratio']:.2f}", f"{o['calls_ratio']:.2f}"]
+                     f"{o['steps_ceiling']:.2f}x", f"{o['steps_ratio']:.2f}",
+                     f"{o['calls_ratio']:.2f}" if "calls_ratio" in o else "-"]  # not in runs before 2026-12-04
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     head = ["set", "batch", "mode", "block", "tree", "plain: target fwd", "plain: other", "dflash: target verify",
             "dflash: drafter layers", "dflash: drafter lm_head + block", "dflash: other"]

@@ -91,6 +91,10 @@ def test_outputs_written(results, tmp_path):
     assert saved["machine"]["cpu_count"] and saved["machine"]["transformers"] and saved["machine"]["date"]
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = results["markdown"].splitlines()
+    machine = results["machine"]
+    assert lines[0].startswith(f"Measured on {machine['cuda'] or machine['cpu']}") and "1 torch thread(s)" in lines[0]
+    assert lines[1] == "" and "target torch.float32" in lines[0]
+    lines = lines[2:]
     assert lines[0].startswith("| set | batch | mode | block | tree | tau | drafts/step | tok/s plain | tok/s dflash")
     assert "tok/s native" in lines[0] and lines[2 + len(results["runs"])] == ""
     assert sum(line.startswith("| toy |") for line in lines) == 2 * len(results["runs"])  # results + profile
