@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .data import Prompt, read_prompts
+from .devices import cpu_description
 
 # Named prompt sets read from the shared bench folder (see its README.md).
 BENCH_FILES = {"gsm8k": "gsm8k_test.jsonl", "mbpp": "mbpp_sanitized_427.json", "alpaca": "alpaca_eval_805.json"}
@@ -243,25 +244,12 @@ def _histogram(lengths: list[int], block_size: int) -> list[int]:
     return counts
 
 
-def _cpu() -> dict:
-    """The CPU's model name and the instruction sets that decide bfloat16 speed (Linux: /proc/cpuinfo; elsewhere
-    only what `platform` knows): a kernel string does not tell an AMX Xeon from an AVX512-BF16 EPYC."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"cpu": platform.processor() or platform.machine()}
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set(fields.get("flags", "").split())
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return {"cpu": fields.get("model name", platform.machine()), "cpu_flags": [f for f in wanted if f in flags]}
-
-
 def _machine(threads: int) -> dict:
     import transformers
 
     return {
-        "platform": platform.platform(), "processor": platform.processor() or platform.machine(), **_cpu(),
+        "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_description(),
         "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(), "threads": threads,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -570,7 +558,7 @@ def _tree_label(tree) -> str:
 
 def _measured_on(results: dict) -> str:
     m, settings = results["machine"], results["settings"]
-    device = m.get("cuda") or f"{m.get('cpu', m['processor'])} ({', '.join(m.get('cpu_flags', [])) or 'flags unknown'})"
+    device = m.get("cuda") or m.get("cpu", m["processor"])
     prompts = ", ".join(f"{name} {n}" for name, n in settings["num_prompts"].items())
     return (f"Measured on {device}, {m['cpu_count']} CPU cores, {m['torch_threads']} torch thread(s), torch "
             f"{m['torch']}, transformers {m['transformers']}, {m['date']}; target {settings['target_dtype']}, "

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
-from .devices import without_cudnn_attention
+from .devices import cpu_description, without_cudnn_attention
 from .tree import DraftTree, tree_attention_mask
 
 SIZES = (*range(1, 17), 32)
@@ -210,7 +210,7 @@ def forward_costs_dir() -> Path:
 def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
     config = target.config
     device = torch.device(target.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()
     return {
         "model": str(getattr(config, "name_or_path", "") or type(target).__name__),
         "config": hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16],

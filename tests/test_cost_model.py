@@ -93,6 +93,11 @@ def test_measure_and_cache(costs_dir, monkeypatch):
     assert load_forward_costs(target, batch_size=2, sizes=(1, 4), context=16, repeats=2) == loaded  # from disk
     with pytest.raises(AssertionError, match="measured again"):  # another batch size is another measurement
         load_forward_costs(target, batch_size=3, sizes=(1, 4), context=16, repeats=2)
+    # another CPU is another measurement: a cache folder may travel with a home directory or an image
+    assert saved["key"]["device"] == f"cpu ({cost_model.cpu_description()})"
+    monkeypatch.setattr(cost_model, "cpu_description", lambda: "Other CPU (avx2)")
+    with pytest.raises(AssertionError, match="measured again"):
+        load_forward_costs(target, batch_size=2, sizes=(1, 4), context=16, repeats=2)
 
 
 def test_cache_folder(monkeypatch, tmp_path):
