@@ -2,6 +2,7 @@
 kernels the decoding loop may use on it."""
 
 import contextlib
+import functools
 import platform
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def native_bf16(device: str | torch.device | None = None) -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
+@functools.cache  # read per `generate` call with "auto" (its cost curve's cache key); the CPU never changes
 def cpu_description() -> str:
     """The CPU's model name and the features torch's kernels use, e.g. "AMD EPYC (avx2, avx512, avx512_bf16)": two CPUs
     that a kernel version or `platform` cannot tell apart may differ 30 % in speed and in what bfloat16 costs."""
