@@ -143,8 +143,12 @@ def test_store_that_does_not_fit_is_refused(setup, tmp_path):
     edited = [(i, ids[:-1] + [ids[-1] % 90 + 2]) if k == 0 else (i, ids) for k, (i, ids) in enumerate(checks)]
     with pytest.raises(StoreMismatch, match="other tokens"):
         StoreFeatures(tmp_path / "store", edited, LAYERS, target.config.hidden_size)
-    with pytest.raises(StoreMismatch, match="no features of sample 'nope'"):
-        StoreFeatures(tmp_path / "store", [("nope", [1, 2])], LAYERS, target.config.hidden_size)
+    # an unfinished store: every missing sample counted at once, and the command that finishes it named
+    unfinished = checks + [("nope", [1, 2]), ("later", [3, 4])]
+    with pytest.raises(StoreMismatch, match=rf"no features of 2 of the {len(unfinished)} samples .*first: 'nope'.*store-features"):
+        StoreFeatures(tmp_path / "store", unfinished, LAYERS, target.config.hidden_size)
+    with pytest.raises(StoreMismatch, match="no features of sample 'nope'.*store-features"):
+        FeatureStore(tmp_path / "store").check("nope", [1, 2])
     with pytest.raises(FileNotFoundError, match="not a feature store"):
         FeatureStore(tmp_path)
 

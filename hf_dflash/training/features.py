@@ -63,6 +63,14 @@ class StoreFeatures:
         self.columns = None if list(layer_ids) == stored else torch.cat(
             [torch.arange(stored.index(i) * H, (stored.index(i) + 1) * H) for i in layer_ids]
         )
+        missing = [sample_id for sample_id, _ in sample_ids if sample_id not in self.store]
+        if missing:  # all of them at once: a store left unfinished lacks thousands, not one
+            raise StoreMismatch(
+                f"{path} has no features of {len(missing)} of the {len(sample_ids)} samples to train on (first: "
+                f"{missing[0]!r}): it was written for other data, or not finished. Finish it with `hf-dflash "
+                f"store-features --target TARGET --data DATA --output {path}` (it skips the samples it holds), or "
+                "train on a JSONL of the samples it holds (their ids are in its index.jsonl)."
+            )
         for sample_id, ids in sample_ids:
             self.store.check(sample_id, ids)
         self.ids = [sample_id for sample_id, _ in sample_ids]

@@ -138,7 +138,7 @@ class FeatureStore:
         if entry is None:
             raise StoreMismatch(
                 f"{self.path} has no features of sample {sample_id!r}. Train on the JSONL the store was written "
-                "with (prepare-data --save-features), or rerun prepare-data with --save-features to add them."
+                "for, or add them with `hf-dflash store-features` (it skips the samples the store holds)."
             )
         if entry["num_tokens"] != len(input_ids) or entry["crc32"] != ids_checksum(input_ids):
             raise StoreMismatch(
