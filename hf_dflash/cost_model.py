@@ -141,7 +141,7 @@ def _significant_points(seconds: dict, departure: float = DEPARTURE) -> dict:
     return {k: t for k, t in seconds.items() if k in base or abs(t - smooth(k)) > departure * smooth(k)}
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as the loop runs its forwards (`dflash_decode`)
 def time_forwards(
     target, sizes, context: int, batch_size: int = 1, repeats: int = 10, tree: bool = False, progress: str | None = None
 ) -> dict:
@@ -221,7 +221,7 @@ def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         # what `measure_forward_costs` times: a change of method must not read old files
-        "method": "tree mask, significant sizes",
+        "method": "tree mask, significant sizes, inference mode",
         **{k: list(v) if isinstance(v, tuple) else v for k, v in measure_kwargs.items()},
     }
 

@@ -239,9 +239,11 @@ class OracleDecoder(_Decoder):
             else:
                 mask = self.verify_mask(chain)
             positions = next_pos[:, None] + torch.arange(k, device=next_pos.device)
-            began = now(self.target.device)
-            self.target_forward(chain.tokens, mask, positions)
-            seconds[str(k)] = now(self.target.device) - began
+            # t(1) as plain `generate` decodes (no_grad), the rest as the loop verifies (inference mode)
+            with torch.inference_mode(k > 1), torch.no_grad():  # inference_mode(False) alone enables grad
+                began = now(self.target.device)
+                self.target_forward(chain.tokens, mask, positions)
+                seconds[str(k)] = now(self.target.device) - began
             self.cache.crop(-k)
         self.oracle.steps.append({**step, "full": full, "seconds": seconds})
 

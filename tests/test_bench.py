@@ -282,6 +282,35 @@ def test_oracle_timed_forwards_leave_sliding_caches_as_they_were(setup, arch):
         _oracle_checks(run)
 
 
+def test_oracle_times_one_token_as_plain_generate_runs_it(setup, monkeypatch):
+    """The loop verifies in inference mode, plain `generate` decodes under no_grad: the ceiling's t(1) is timed as
+    plain runs it, its larger forwards as the loop runs them."""
+    from hf_dflash.oracle import OracleDecoder
+
+    target, drafter, tokenizer, prompts = setup
+    seen, forward = [], OracleDecoder.target_forward
+
+    def recording(self, input_ids, *args, **kwargs):
+        seen.append((input_ids.shape[1], torch.is_inference_mode_enabled(), self._in_ceiling))
+        return forward(self, input_ids, *args, **kwargs)
+
+    time_ceiling = OracleDecoder.time_ceiling
+
+    def flagged(self, next_pos):
+        self._in_ceiling = True
+        time_ceiling(self, next_pos)
+        self._in_ceiling = False
+
+    monkeypatch.setattr(OracleDecoder, "_in_ceiling", False, raising=False)
+    monkeypatch.setattr(OracleDecoder, "target_forward", recording)
+    monkeypatch.setattr(OracleDecoder, "time_ceiling", flagged)
+    benchmark(target, drafter, tokenizer, {"toy": prompts[:1]}, block_sizes=[4], draft_tree_sizes=[0],
+              max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True)
+    ceiling = [(k, inference) for k, inference, timed in seen if timed]
+    assert {k for k, _ in ceiling} == {1, 4} and all(inference == (k > 1) for k, inference in ceiling)
+    assert all(inference for _, inference, timed in seen if not timed)  # the loop's prefill and verifications
+
+
 @pytest.mark.parametrize("max_new_tokens, lengths", [(10, [4, 1, 4]), (22, [4, 1, 4, 4, 4, 4])])
 def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkeypatch, max_new_tokens, lengths):
     """As a bfloat16 near-tie would: the precomputed continuation of row 0 is wrong at new token 5, so that draft is

@@ -5,7 +5,7 @@ import torch
 
 from hf_dflash import generation
 
-from conftest import ARCHITECTURES, ForwardCounter, left_padded, make_drafter, make_target
+from conftest import ARCHITECTURES, PAD, ForwardCounter, left_padded, make_drafter, make_target
 
 
 def plain_and_dflash(target, drafter, ids, mask, **kwargs):
@@ -204,6 +204,24 @@ def test_draft_vocab_is_lossless_and_confines_drafts(monkeypatch):
     plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
     assert torch.equal(plain, fast)
     assert seen and all(torch.isin(drafts, allowed).all() for drafts, _ in seen)
+
+
+def test_outputs_are_ordinary_tensors(oracle):
+    """The loop runs in inference mode, but what it returns is used as plain `generate`'s is: written in place, fed
+    to a model that is being trained (inference tensors allow neither)."""
+    target = make_target("qwen3", dtype=torch.float32)
+    drafter = make_drafter(target)
+    oracle()
+    ids, mask = left_padded(2)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=9, do_sample=False,
+                          return_dict_in_generate=True, output_scores=True, output_logits=True)
+    assert max(map(max, out.acceptance_lengths)) > 1  # drafts were accepted: the loop ran its multi-token path
+    for tensor in (out.sequences, *out.scores, *out.logits):
+        assert not tensor.is_inference()
+    out.sequences[:, 0] = PAD
+    out.scores[0].add_(1.0)
+    target.get_input_embeddings()(out.sequences).sum().backward()  # the ids are saved for backward
+    assert target.get_input_embeddings().weight.grad is not None
 
 
 @pytest.mark.parametrize("given", [None, "cache", "static", "offloaded"])
