@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
-from .devices import cpu_description, without_cudnn_attention
+from .devices import cpu_description, execution_device, without_cudnn_attention
 from .tree import DraftTree, tree_attention_mask
 
 SIZES = (*range(1, 17), 32)
@@ -152,7 +152,7 @@ def time_forwards(
     (another job, clocks) reaches all of them alike; the median of each. On the target's device and dtype; random
     token ids. `progress`: a progress bar's description (None: no bar)."""
     sizes = sorted(set(sizes))
-    device = target.device
+    device = execution_device(target)
     generator = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size
     ids = torch.randint(vocab, (batch_size, context + max(sizes)), generator=generator).to(device)
@@ -209,7 +209,7 @@ def forward_costs_dir() -> Path:
 
 def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
     config = target.config
-    device = torch.device(target.device)
+    device = execution_device(target)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()
     return {
         "model": str(getattr(config, "name_or_path", "") or type(target).__name__),

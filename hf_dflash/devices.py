@@ -1,5 +1,5 @@
 """What this machine computes natively: the dtype `hf-dflash demo`, `bench` and `train` use by default; the attention
-kernels the decoding loop may use on it."""
+kernels the decoding loop may use on it; where a model computes."""
 
 import contextlib
 import functools
@@ -39,6 +39,22 @@ def cpu_description() -> str:
                 break
     features = [f for f, check in _CPU_FEATURES.items() if getattr(torch.cpu, check, lambda: False)()]
     return f"{name} ({', '.join(features) or 'no vector features known'})"
+
+
+def execution_device(model: torch.nn.Module) -> torch.device:
+    """Where `model` computes: its parameters' device, or, for a model whose weights accelerate offloads (meta
+    placeholders between forwards: a `device_map` with "cpu" / "disk" entries, `cpu_offload`), its hooks' execution
+    device."""
+    device = model.device
+    if device.type != "meta":
+        return device
+    for module in model.modules():
+        hook = getattr(module, "_hf_hook", None)
+        for each in getattr(hook, "hooks", None) or [hook]:  # a SequentialHook holds several
+            found = getattr(each, "execution_device", None)
+            if found is not None:
+                return torch.device(found)
+    return device
 
 
 def resolve_dtype(name: str, device=None) -> torch.dtype:

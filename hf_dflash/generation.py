@@ -186,7 +186,7 @@ def dflash_decode(
             logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
     _warn_unused_cache(model_kwargs.get("cache"))
     # cuDNN attention builds a graph per new key length: a new one every step here (`without_cudnn_attention`)
-    with without_cudnn_attention(target.device):
+    with without_cudnn_attention(input_ids.device):
         # built outside inference mode: its tensors stay ordinary ones (`sequences` is returned, the drafter's
         # gathered head is cached across calls by version counters, which inference tensors lack)
         state = (decoder_class or _Decoder)(

@@ -206,6 +206,32 @@ def test_draft_vocab_is_lossless_and_confines_drafts(monkeypatch):
     assert seen and all(torch.isin(drafts, allowed).all() for drafts, _ in seen)
 
 
+@pytest.mark.parametrize("offload", ["cpu", "disk"])
+@pytest.mark.parametrize("draft_vocab", [None, range(2, 60)])
+@pytest.mark.parametrize("tree_size", [0, "auto"])
+def test_offloaded_target(offload, draft_vocab, tree_size, oracle, tmp_path, monkeypatch):
+    """A target whose weights accelerate keeps elsewhere between forwards (`device_map` with "cpu" / "disk" entries;
+    here `cpu_offload` / `disk_offload`: meta placeholders on the module): the drafter reads the target's embedding
+    and output head through the offload's own copy, and the output stays plain `generate`'s."""
+    from accelerate import cpu_offload, disk_offload
+
+    monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path / "cache"))  # "auto" times the offloaded target's forwards
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    drafter.set_draft_vocab(draft_vocab)
+    oracle(correct_upto="random")
+    ids, mask = left_padded(2)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=13)
+    if offload == "cpu":
+        cpu_offload(target, execution_device="cpu")
+    else:
+        disk_offload(target, str(tmp_path / "offload"), execution_device="cpu")
+    assert target.get_input_embeddings().weight.device.type == "meta"
+    fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=13, assistant_model=drafter,
+                           draft_tree_size=tree_size)
+    assert torch.equal(plain, fast)
+
+
 def test_outputs_are_ordinary_tensors(oracle):
     """The loop runs in inference mode, but what it returns is used as plain `generate`'s is: written in place, fed
     to a model that is being trained (inference tensors allow neither)."""

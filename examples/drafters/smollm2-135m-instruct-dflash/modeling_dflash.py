@@ -212,7 +212,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             dflash_config={**({"target_model": target.name_or_path} if target.name_or_path else {}), **extras},
             **config_kwargs,
         )
-        weight = target.get_input_embeddings().weight
+        weight = _stored_weight(target.get_input_embeddings())  # an offloaded target's: where accelerate keeps it
         if not 0 <= config.mask_token_id < weight.shape[0]:
             raise ValueError(
                 f"mask_token_id={config.mask_token_id} is not a row of the target's embedding table "
@@ -292,7 +292,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     def embed(self, target: nn.Module, input_ids: torch.LongTensor) -> torch.Tensor:
         """Block embeddings from the target's table: raw rows times `input_embedding_scale`, as the reference does
         (a target whose embedding module rescales, like Gemma, records its scale there)."""
-        weight = target.get_input_embeddings().weight
+        weight = _stored_weight(target.get_input_embeddings())
         scale = float(self.config.dflash_config.get("input_embedding_scale", 1.0))
         embeds = F.embedding(input_ids.to(weight.device), weight)
         return embeds * scale if scale != 1.0 else embeds
@@ -321,7 +321,9 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         half the bytes per step (the head is memory-bound) and the target's verification keeps the output exact."""
         if type(output_head) is not nn.Linear:
             return None
-        weight, bias, dtype = output_head.weight, output_head.bias, self.fc.weight.dtype
+        weight, bias, dtype = _stored_weight(output_head), _stored_weight(output_head, "bias"), self.fc.weight.dtype
+        # an offloaded head's copy goes where the drafter runs (each step would move the hidden states otherwise)
+        device = self.fc.weight.device if output_head.weight.device.type == "meta" else weight.device
         # The gather costs ~5 ms per `generate` call at a 49K x 576 head: keep it while the head's tensors and the
         # draft vocabulary are the same objects, unmodified (`_version` counts in-place writes such as optimizer
         # steps), and the drafter's dtype is the same. Weak references: the cache never keeps a target alive.
@@ -334,11 +336,11 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             weight, bias = weight[rows], None if bias is None else bias[rows]
         # a module rather than bare tensors: a CPU loop makes it multiply a prepacked weight (`hf_dflash.cpu_ops`)
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
-        linear.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+        linear.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
         if bias is not None:
-            linear.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
-        head = linear, rows
-        if linear.weight.data_ptr() != output_head.weight.data_ptr():  # a copy: keeping the target's own would leak it
+            linear.bias = nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
+        head = linear, None if rows is None else rows.to(device)
+        if linear.weight.data_ptr() != weight.data_ptr():  # a copy: keeping the target's own would leak it
             self._draft_head_cache = state, head
         return head
 
@@ -371,7 +373,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 
     def compute_logits(self, hidden_states: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         """Draft logits through the target's output head, with the drafter's optional multiplier and soft cap."""
-        weight = output_head.weight
+        weight = _stored_weight(output_head)  # an offloaded head's hook moves the input where it computes
         return self._scale_logits(output_head(hidden_states.to(device=weight.device, dtype=weight.dtype)))
 
     def _scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -382,6 +384,16 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         if softcap is not None and float(softcap) > 0:
             logits = torch.tanh(logits / float(softcap)) * float(softcap)
         return logits
+
+
+def _stored_weight(module: nn.Module, name: str = "weight") -> torch.Tensor | None:
+    """`module.<name>`, or, where accelerate offloads it (a `device_map` with "cpu" / "disk" entries, `cpu_offload`,
+    `disk_offload`: a meta placeholder between forwards), the stored copy its hook loads for each forward."""
+    tensor = getattr(module, name, None)
+    stored = getattr(getattr(module, "_hf_hook", None), "weights_map", None)
+    if tensor is not None and tensor.device.type == "meta" and stored is not None:
+        return stored[name]
+    return tensor
 
 
 def _tensor_states(*tensors) -> list:
