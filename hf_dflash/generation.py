@@ -314,8 +314,10 @@ class _Decoder:
         return out
 
     def features(self, out) -> torch.Tensor:
-        # [rows, length, len(target_layer_ids) * hidden]; hidden_states[0] is the embedding output
-        return torch.cat([out.hidden_states[i + 1] for i in self.drafter.config.target_layer_ids], dim=-1)
+        # [rows, length, len(target_layer_ids) * hidden]; hidden_states[0] is the embedding output. A target split
+        # over devices (`device_map`) gives each layer's output on that layer's device: gathered where the drafter runs.
+        device = self.drafter.device
+        return torch.cat([out.hidden_states[i + 1].to(device) for i in self.drafter.config.target_layer_ids], dim=-1)
 
     # --- drafting -----------------------------------------------------------------------------------------
     def propose(self) -> DraftTree:
