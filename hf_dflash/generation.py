@@ -33,6 +33,7 @@ from transformers.generation import (
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
+    UnbatchedClassifierFreeGuidanceLogitsProcessor,
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
@@ -250,6 +251,13 @@ class _Decoder:
             )
         self.config = generation_config
         self.processors = logits_processor or []
+        if input_ids.shape[0] > 1 and any(isinstance(p, UnbatchedClassifierFreeGuidanceLogitsProcessor)
+                                          for p in self.processors):
+            raise ValueError(
+                "guidance_scale with a batch of several prompts: the guidance processor keeps one unconditional cache "
+                "for the whole batch and extends it by one token per call, while DFlash rows commit different numbers "
+                "of tokens per step. Generate one prompt at a time with guidance_scale, or without assistant_model."
+            )
         self.stopping_criteria = stopping_criteria
         self.streamer = streamer
         device = input_ids.device
@@ -431,7 +439,9 @@ class _Decoder:
             step = logits[live, slot]  # [live, vocab]
             if self.keep_logits:
                 self._raw[live, j] = step.float()
-            scores[live, j] = self.process(step, tokens[live, :j], live)
+            processed = self.process(step, tokens[live, :j], live)
+            scores = scores.to(processed.dtype)  # float32, unless a processor computes in another dtype
+            scores[live, j] = processed
             tokens[live, j] = self.choose(scores[live, j])
             kept[live] += 1
             if j + 1 < length:
@@ -499,7 +509,9 @@ class _Decoder:
             ids[rows[group], committed:] = drafts[group]
             full = scores.new_zeros(batch, scores.shape[-1])
             full[rows[group]] = scores[group]
-            scores[group] = self.processors(ids, full)[rows[group]]
+            processed = self.processors(ids, full)[rows[group]]
+            scores = scores.to(processed.dtype)  # a processor may compute in another dtype (guidance: the target's)
+            scores[group] = processed
         return scores
 
     def choose(self, scores: torch.Tensor) -> torch.LongTensor:

@@ -85,6 +85,21 @@ def test_input_dependent_processors(target, prompts, oracle, setting):
         assert not (new_tokens(fast, ids)[:, :6] == eos).any()
 
 
+def test_classifier_free_guidance(target, prompts, oracle):
+    """guidance_scale: its processor runs the target on the unconditional ids with a cache of its own, one token per
+    call. The loop calls processors position by position only as far as the drafts match, so for one prompt the
+    calls follow the committed text as in plain `generate` (the guidance's float64 output in the float64 target
+    kept as it is); for several prompts, whose rows commit different numbers of tokens, a clear error."""
+    ids, mask = prompts
+    plain = greedy(target, ids[:1], mask[:1], guidance_scale=1.5)
+    assert not torch.equal(plain, greedy(target, ids[:1], mask[:1]))  # the guidance changes the output
+    oracle(correct_upto="random", seed=2)
+    fast = greedy(target, ids[:1], mask[:1], make_drafter(target, block_size=5), guidance_scale=1.5)
+    assert torch.equal(fast, plain)
+    with pytest.raises(ValueError, match="guidance_scale with a batch of several prompts.*one prompt at a time"):
+        greedy(target, ids, mask, make_drafter(target, block_size=5), guidance_scale=1.5)
+
+
 # --- stopping ------------------------------------------------------------------------------------------------
 
 
