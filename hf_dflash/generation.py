@@ -182,9 +182,17 @@ def dflash_decode(
             "The batch is right-padded: DFlash (like any decoder-only generation) needs left padding. "
             "Set tokenizer.padding_side = 'left'."
         )
-    for unsupported in ("output_attentions", "output_hidden_states"):
-        if getattr(generation_config, unsupported, False):
-            logger.warning_once(f"{unsupported}=True is ignored by DFlash generation.")
+    # settings of other decoding methods that the DFlash loop does not apply: said once, the output is unaffected
+    ignored = ("output_attentions", "output_hidden_states", "prompt_lookup_num_tokens", "assistant_early_exit")
+    for name, value in ((name, getattr(generation_config, name, None)) for name in ignored):
+        if value:
+            logger.warning_once(f"{name}={value!r} is ignored by DFlash generation (the drafter drafts).")
+    if getattr(generation_config, "num_assistant_tokens_schedule", None) not in (None, "constant"):
+        logger.warning_once(
+            f"num_assistant_tokens_schedule={generation_config.num_assistant_tokens_schedule!r} is ignored by DFlash "
+            "generation: it drafts num_assistant_tokens (default: the drafter's block) every step; "
+            "draft_tree_size='auto' sizes each step's drafts from measured costs."
+        )
     _warn_unused_cache(model_kwargs.get("cache"))
     # cuDNN attention builds a graph per new key length: a new one every step here (`without_cudnn_attention`)
     with without_cudnn_attention(input_ids.device):

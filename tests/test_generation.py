@@ -232,6 +232,33 @@ def test_offloaded_target(offload, draft_vocab, tree_size, oracle, tmp_path, mon
     assert torch.equal(plain, fast)
 
 
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions=True is ignored"),
+        (dict(prompt_lookup_num_tokens=3), "prompt_lookup_num_tokens=3 is ignored"),
+        (dict(assistant_early_exit=2), "assistant_early_exit=2 is ignored"),
+        (dict(num_assistant_tokens_schedule="heuristic"), "num_assistant_tokens_schedule='heuristic' is ignored"),
+        (dict(num_assistant_tokens_schedule="constant"), None),
+    ],
+)
+def test_settings_of_other_methods_are_said_to_be_ignored(setting, expected):
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    target = make_target("qwen3")
+    drafter = make_drafter(target)
+    ids, mask = left_padded(1, lengths=[7])
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=6)
+    logger = logging.get_logger("hf_dflash.generation")
+    type(logger).warning_once.cache_clear()
+    with CaptureLogger(logger) as captured:
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=6, assistant_model=drafter,
+                              **setting)
+    assert torch.equal(out if torch.is_tensor(out) else out.sequences, plain)
+    assert (expected in captured.out) if expected else captured.out == ""
+
+
 def test_outputs_are_ordinary_tensors(oracle):
     """The loop runs in inference mode, but what it returns is used as plain `generate`'s is: written in place, fed
     to a model that is being trained (inference tensors allow neither)."""
