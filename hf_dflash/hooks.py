@@ -5,7 +5,8 @@ original unchanged. `install_hooks()` runs on `import hf_dflash` and is idempote
 transformers exactly.
 
 - `GenerationMixin.generate`: with `assistant_model=<DFlashDraftModel>` and no `speculation_type` (which selects
-  transformers' native DFlash path), the call goes to `hf_dflash.generate`.
+  transformers' native DFlash path), the call goes to `hf_dflash.generate`; a drafter's checkpoint loaded as another
+  class (`AutoModelForCausalLM`, `trust_remote_code=True`) is refused with how to load it.
 - `AutoModel.from_pretrained`: z-lab checkpoints say `model_type: "qwen3"` (so vLLM / SGLang read them), which
   transformers maps to `Qwen3Model`; a checkpoint whose config names `DFlashDraftModel` (or carries a
   `dflash_config` block) loads as `hf_dflash.DFlashDraftModel` instead, unless `trust_remote_code=True` asks for
@@ -38,6 +39,15 @@ def _generate(self, *args, assistant_model=None, **kwargs):
         from .generation import generate
 
         return generate(self, assistant_model, *args, **kwargs)
+    if assistant_model is not None and not native and is_dflash_checkpoint(getattr(assistant_model, "config", None)):
+        # AutoModelForCausalLM on a drafter folder gives a Qwen3 model without the drafter's weights, which would run
+        # as a (useless) ordinary assistant; trust_remote_code=True gives the repository's class, not hf_dflash's
+        raise ValueError(
+            f"assistant_model is a DFlash drafter's checkpoint loaded as {type(assistant_model).__name__} (by "
+            "AutoModelForCausalLM, or with trust_remote_code=True): load it with AutoModel.from_pretrained(...) "
+            "after `import hf_dflash`, without trust_remote_code, or with hf_dflash.DFlashDraftModel.from_pretrained "
+            "(or pass speculation_type='dflash' for transformers' own DFlash path)."
+        )
     return original_generate(self, *args, assistant_model=assistant_model, **kwargs)
 
 

@@ -101,6 +101,23 @@ def test_explicit_api_rejects_other_drafters(target):
         hf_dflash.generate(target, make_target("qwen3", num_hidden_layers=1), left_padded(1)[0], max_new_tokens=2)
 
 
+def test_drafter_loaded_as_a_causal_lm(target, drafter, tmp_path):
+    """AutoModelForCausalLM reads a drafter folder as a Qwen3 model (missing weights initialised at random): as an
+    assistant it would be an ordinary, useless one, so generate says how to load it."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    drafter.save_pretrained(tmp_path)
+    wrong = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=target.dtype)
+    with pytest.raises(ValueError, match="DFlash drafter's checkpoint loaded as Qwen3ForCausalLM.*AutoModel"):
+        generate(target, wrong, left_padded(1)[0])
+    remote = AutoModel.from_pretrained(tmp_path, trust_remote_code=True, dtype=target.dtype)  # the folder's own class
+    assert type(remote) is not DFlashDraftModel
+    with pytest.raises(ValueError, match="loaded as DFlashDraftModel .*without trust_remote_code"):
+        generate(target, remote, left_padded(1)[0])
+    assistant = make_target("qwen3", seed=5)  # an ordinary assistant still goes to transformers
+    assert generate(target, assistant, left_padded(1)[0]).shape[1] == left_padded(1)[0].shape[1] + 4
+
+
 def test_from_target_needs_a_tokenizer_or_a_mask_token(target):
     with pytest.raises(ValueError, match="Cannot choose a mask token without the tokenizer.*mask_token_id="):
         DFlashDraftModel.from_target(target)
