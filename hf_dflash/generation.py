@@ -43,6 +43,7 @@ from .cost_model import NodeCalibration, choose_tree_size, load_forward_costs
 from .devices import without_cudnn_attention
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
+from .modeling.modeling_dflash import _stored_weight
 from .tree import DraftTree, build_tree, gather_path, greedy_paths, tree_attention_mask
 
 logger = logging.get_logger(__name__)
@@ -298,7 +299,7 @@ class _Decoder:
         if drafter.device.type == "cpu":
             pack_linears(drafter)  # its bfloat16 linears multiply prepacked weights (`hf_dflash.cpu_ops`)
             head = None if self.draft_head is None else self.draft_head[0]
-            if head is not None and head.weight.data_ptr() != self.head.weight.data_ptr():
+            if head is not None and head.weight.data_ptr() != _stored_weight(self.head).data_ptr():
                 pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
         self.tree_size, self.costs, self.draft_seconds, self.calibration = 0, None, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
