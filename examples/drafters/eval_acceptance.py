@@ -4,10 +4,12 @@
         --block-size 8 --out acceptance.json
 
 Prints a markdown table: per drafter, the acceptance length (tokens committed per target forward, pooled over the
-prompts' steps) on each set and their mean. The prompt sets are evaluation sets: never train on them.
+prompts' steps) on each set and their mean. The prompt sets are evaluation sets: never train on them. Besides the
+bench's sets, "mtbench2": MT-Bench's second turns, after the target's own greedy answer to the first (256 tokens).
 """
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,7 +17,8 @@ import torch
 from transformers import AutoModel
 
 import hf_dflash  # noqa: F401  (registers the drafter with AutoModel)
-from hf_dflash.bench import chat_inputs, load_prompt_set
+from hf_dflash.bench import PACKAGED_SETS, chat_inputs, load_prompt_set
+from hf_dflash.data import Prompt
 from hf_dflash.devices import resolve_dtype
 from hf_dflash.packaged import load_packaged
 
@@ -31,6 +34,26 @@ def acceptance(target, drafter, tokenizer, prompts, max_new_tokens):
     return committed / max(steps, 1)
 
 
+@torch.no_grad()
+def mtbench_second_turns(target, tokenizer, num_prompts, first_answer_tokens=256):
+    """MT-Bench's second turns after the target's own greedy answer to the first (multi-turn chat, what ShareGPT's
+    later turns train): the set "mtbench2"."""
+    _, module, relative = PACKAGED_SETS["mtbench"]
+    path = Path(importlib.util.find_spec(module).submodule_search_locations[0]) / relative
+    prompts = []
+    for line in open(path, encoding="utf-8"):
+        if len(prompts) >= num_prompts:
+            break
+        record = json.loads(line)
+        first = [{"role": "user", "content": record["turns"][0]}]
+        inputs = chat_inputs(tokenizer, first)
+        out = target.generate(**inputs, max_new_tokens=first_answer_tokens, do_sample=False)
+        answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        turns = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": record["turns"][1]}]
+        prompts.append(Prompt(id=f"{record['question_id']}-2", messages=turns))
+    return prompts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("drafters", nargs="+")
@@ -44,7 +67,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer = load_packaged(dtype=resolve_dtype(args.dtype))
-    sets = {name: load_prompt_set(name, args.num_prompts) for name in args.sets}
+    sets = {name: mtbench_second_turns(target, tokenizer, args.num_prompts) if name == "mtbench2"
+            else load_prompt_set(name, args.num_prompts) for name in args.sets}
     results = []
     for path in args.drafters:
         kwargs = {"block_size": args.block_size} if args.block_size else {}

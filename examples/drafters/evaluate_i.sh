@@ -2,7 +2,8 @@
 # After continue_h.sh: drafter I as it would ship (bfloat16 weights, draft_tree_size "auto", no confidence threshold;
 # reproduce_smollm2.sh's last step for G) in $RUNS/i_bf16, then its acceptance against the shipped G as RESULTS.md
 # measures drafters (float32 target, block 8, the chain, 16 prompts of each of the five sets, 96 new tokens, one
-# thread; ~25 min here). Run from the repository root in the set-up virtualenv, after training has finished:
+# thread; ~25 min here), and on MT-Bench's second turns ("mtbench2" of eval_acceptance.py, apart: the five sets' mean
+# stays comparable with earlier drafters'). Run from the repository root in the set-up virtualenv, after training has finished:
 #   RUNS=/work/runs/smollm2 bash examples/drafters/evaluate_i.sh
 set -euo pipefail
 RUNS=${RUNS:-runs/smollm2}
@@ -27,3 +28,7 @@ PY
 OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$RUNS/i_bf16" "$G" \
     --sets gsm8k mbpp alpaca humaneval mtbench --num-prompts 16 --max-new-tokens 96 --block-size 8 \
     --dtype float32 --threads 1 --out "$RUNS/acceptance_i_vs_g.json"
+# multi-turn chat, what the later turns train: MT-Bench's second turns after the target's own first answer (~8 min)
+OMP_NUM_THREADS=1 python examples/drafters/eval_acceptance.py "$RUNS/i_bf16" "$G" \
+    --sets mtbench2 --num-prompts 16 --max-new-tokens 96 --block-size 8 \
+    --dtype float32 --threads 1 --out "$RUNS/acceptance_i_vs_g_turn2.json"

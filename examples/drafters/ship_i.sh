@@ -19,7 +19,9 @@ results = Path("examples/drafters/results-i")
 results.mkdir(exist_ok=True)
 for name in ("train_log.jsonl", "training_args.json"):
     shutil.copyfile(runs / "i" / name, results / name)
-shutil.copyfile(runs / "acceptance_i_vs_g.json", results / "acceptance_i_vs_g.json")
+for name in ("acceptance_i_vs_g.json", "acceptance_i_vs_g_turn2.json"):
+    if (runs / name).is_file():
+        shutil.copyfile(runs / name, results / name)
 for name in ("config.json", "model.safetensors"):
     shutil.copyfile(runs / "i_bf16" / name, out / name)
 record = json.loads((runs / "i" / "training_args.json").read_text())
