@@ -3,7 +3,7 @@
 # reproduce_smollm2.sh's last step for G) in $RUNS/i_bf16, then its acceptance against the shipped G as RESULTS.md
 # measures drafters (float32 target, block 8, the chain, 16 prompts of each of the five sets, 96 new tokens, one
 # thread; ~25 min here), and on MT-Bench's second turns ("mtbench2" of eval_acceptance.py, apart: the five sets' mean
-# stays comparable with earlier drafters'). Run from the repository root in the set-up virtualenv, after training has finished:
+# stays comparable with earlier drafters'). Run from the repository root in the set-up virtualenv, after training:
 #   RUNS=/work/runs/smollm2 bash examples/drafters/evaluate_i.sh
 set -euo pipefail
 RUNS=${RUNS:-runs/smollm2}
