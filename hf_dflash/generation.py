@@ -13,6 +13,7 @@ Draft trees (`draft_tree_size`, `hf_dflash.tree`): a step can verify a tree of c
 loop is the same, with a tree attention mask, and the cache keeps each row's accepted path.
 """
 
+import contextlib
 import copy
 import functools
 import time
@@ -500,9 +501,12 @@ class _Decoder:
     def process(self, logits: torch.Tensor, drafts: torch.LongTensor, live: torch.LongTensor) -> torch.Tensor:
         """Logits processors for one block position of the rows `live`: row i sees its committed tokens plus
         drafts[i] (the drafts before this position)."""
-        scores = logits.to(dtype=torch.float32, copy=True)  # like `_sample`: processors run in float32
         if not self.processors:
-            return scores
+            return logits.to(dtype=torch.float32, copy=True)  # like `_sample`: processors run in float32
+        with _as_plain_generate():
+            return self._process(logits.to(dtype=torch.float32, copy=True), drafts, live)
+
+    def _process(self, scores: torch.Tensor, drafts: torch.LongTensor, live: torch.LongTensor) -> torch.Tensor:
         if all(isinstance(p, _POSITION_FREE) for p in self.processors):
             return self.processors(drafts.new_zeros(scores.shape[0], 1), scores)
         # Processors may hold state for every row of the batch (repetition_penalty's padding lengths,
@@ -583,25 +587,27 @@ class _Decoder:
     def _stopped(self, rows: torch.LongTensor, scores: torch.Tensor) -> torch.BoolTensor:
         """Stopping criteria for `rows` at their current lengths. Like the processors, the criteria see the whole
         batch (row i is batch row i, as in `_sample`), one group of equal lengths at a time."""
-        stopped = torch.zeros(rows.shape[0], dtype=torch.bool, device=rows.device)
-        lengths = self.lengths[rows]
-        for length in lengths.unique().tolist():
-            group = (lengths == length).nonzero().squeeze(1)
-            full = scores.new_zeros(self.sequences.shape[0], scores.shape[-1])
-            full[rows[group]] = scores[group]
-            done = self.stopping_criteria(self.sequences[:, :length], full)
-            stopped[group] = done.to(rows.device)[rows[group]]
+        with _as_plain_generate():
+            stopped = torch.zeros(rows.shape[0], dtype=torch.bool, device=rows.device)
+            lengths = self.lengths[rows]
+            for length in lengths.unique().tolist():
+                group = (lengths == length).nonzero().squeeze(1)
+                full = scores.new_zeros(self.sequences.shape[0], scores.shape[-1])
+                full[rows[group]] = scores[group]
+                done = self.stopping_criteria(self.sequences[:, :length], full)
+                stopped[group] = done.to(rows.device)[rows[group]]
         return stopped
 
     def _stream(self, committed: torch.LongTensor) -> None:
         if self.streamer is None or int(committed.max()) == 0:
             return
         width = int(committed.max())
-        chunk = torch.full((self.sequences.shape[0], width), self.pad_token_id, dtype=torch.long)
-        for i, r in enumerate(self.rows.tolist()):
-            end = int(self.lengths[r])
-            chunk[r, : int(committed[i])] = self.sequences[r, end - int(committed[i]) : end].cpu()
-        self.streamer.put(chunk)
+        with _as_plain_generate():
+            chunk = torch.full((self.sequences.shape[0], width), self.pad_token_id, dtype=torch.long)
+            for i, r in enumerate(self.rows.tolist()):
+                end = int(self.lengths[r])
+                chunk[r, : int(committed[i])] = self.sequences[r, end - int(committed[i]) : end].cpu()
+            self.streamer.put(chunk)
 
     def drop_finished(self) -> None:
         live = (~self.finished[self.rows]).nonzero().squeeze(1)
@@ -637,6 +643,14 @@ class _Decoder:
         vocab = next(len(t) for r in per_row for t in r)
         filler = torch.full((vocab,), float("-inf"), device=self.sequences.device)
         return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
+
+
+@contextlib.contextmanager
+def _as_plain_generate():
+    """Around user code (logits processors, stopping criteria, streamers): plain `generate`'s no_grad instead of the
+    loop's inference mode, so that the tensors they get, and what they keep or make of them, stay ordinary tensors."""
+    with torch.inference_mode(False), torch.no_grad():  # inference_mode(False) alone would enable grad
+        yield
 
 
 def _simple_stops(criteria, device) -> tuple:

@@ -100,6 +100,38 @@ def test_classifier_free_guidance(target, prompts, oracle):
         greedy(target, ids, mask, make_drafter(target, block_size=5), guidance_scale=1.5)
 
 
+def test_user_callbacks_get_ordinary_tensors(target, oracle):
+    """The loop runs in inference mode; logits processors, stopping criteria and streamers are user code and run as in
+    plain `generate` (no_grad): what they keep of the tensors they get can be written in place after the call."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    kept = []
+
+    class KeepingProcessor(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            kept.extend([input_ids, scores])
+            return scores.add_(0.0)  # processors may work in place
+
+    class KeepingCriterion(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            kept.extend([input_ids, scores])
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    class KeepingStreamer(Recorder):
+        def put(self, value):
+            kept.append(value)
+
+    ids, mask = left_padded(3)  # not the module's prompts: generate streams the prompt itself, which is written below
+    oracle(correct_upto="random", seed=3)
+    greedy(target, ids, mask, make_drafter(target, block_size=5), max_new_tokens=8, streamer=KeepingStreamer(),
+           logits_processor=LogitsProcessorList([KeepingProcessor()]),
+           stopping_criteria=StoppingCriteriaList([KeepingCriterion()]))
+    assert len(kept) > 8
+    for tensor in kept:
+        assert not tensor.is_inference()
+        tensor.add_(1)
+
+
 # --- stopping ------------------------------------------------------------------------------------------------
 
 
