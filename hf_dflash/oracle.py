@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .cost_model import now
-from .generation import _Decoder, dflash_decode
+from .generation import _as_plain_generate, _Decoder, dflash_decode
 from .hooks import original_generate
 from .tree import DraftTree, tree_attention_mask
 
@@ -240,7 +240,7 @@ class OracleDecoder(_Decoder):
                 mask = self.verify_mask(chain)
             positions = next_pos[:, None] + torch.arange(k, device=next_pos.device)
             # t(1) as plain `generate` decodes (no_grad), the rest as the loop verifies (inference mode)
-            with torch.inference_mode(k > 1), torch.no_grad():  # inference_mode(False) alone enables grad
+            with contextlib.nullcontext() if k > 1 else _as_plain_generate():
                 began = now(self.target.device)
                 self.target_forward(chain.tokens, mask, positions)
                 seconds[str(k)] = now(self.target.device) - began

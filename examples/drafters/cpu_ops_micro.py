@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py argmax     # the verification's argmax, after a forward
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py linear     # F.linear vs packed, in / out of cache
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py replay     # the drafter's in-loop call, replayed hot
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py forward    # the target's forward, no_grad / inference
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py head       # the draft head's product, in / out of cache
     python examples/drafters/cpu_ops_micro.py one-layer DIR                # G cut to its first layer, for --oracle
 """
@@ -91,13 +92,15 @@ elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, r
         calls.append(None)
         if len(calls) == 6:
             cache = kwargs["cache"]
-            kept, times = cache.get_seq_length(), []
-            for _ in range(50):
-                began = time.perf_counter()
-                forward(*args, **kwargs)
-                times.append(time.perf_counter() - began)
+            kept, times = cache.get_seq_length(), {"inference mode (the loop's)": [], "no_grad": []}
+            for i in range(100):  # the two modes in turns
+                name = list(times)[i % 2]
+                with torch.inference_mode(i % 2 == 0), torch.no_grad():
+                    began = time.perf_counter()
+                    forward(*args, **kwargs)
+                    times[name].append(time.perf_counter() - began)
                 cache.crop(kept - cache.get_seq_length())
-            print("drafter forward replayed in cache: %.2f ms" % median_ms(times))
+            print("drafter forward replayed in cache:", {k: round(median_ms(v), 2) for k, v in times.items()}, "ms")
         return forward(*args, **kwargs)
 
     drafter.forward = replaying
@@ -105,6 +108,21 @@ elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, r
     decode = functools.partial(dflash_decode, drafter=drafter, draft_tree_size=0,
                                decoder_class=functools.partial(OracleDecoder, oracle=drafts))
     hf_dflash.hooks.original_generate(target, **inputs, custom_generate=decode, max_new_tokens=128, do_sample=False)
+
+elif what == "forward":  # the target's forward over 1 / 16 tokens after a GSM8K prompt, no_grad vs inference mode
+    target, tok = load_packaged(dtype=torch.bfloat16)
+    cache = DynamicCache(config=target.config)
+    target(**chat_inputs(tok, load_prompt_set("gsm8k", 1)[0].messages), cache=cache)
+    for k in (1, 16):
+        ids, times = torch.randint(0, 1000, (1, k)), {"no_grad": [], "inference mode": []}
+        for i in range(60):  # the two modes in turns
+            name = list(times)[i % 2]
+            with torch.inference_mode(i % 2 == 1), torch.no_grad():
+                began = time.perf_counter()
+                target(input_ids=ids, cache=cache, output_hidden_states=True)
+                times[name].append(time.perf_counter() - began)
+            cache.crop(-k)
+        print(k, {name: round(median_ms(t), 2) for name, t in times.items()}, "ms")
 
 elif what == "one-layer":  # its cost only: then `hf-dflash bench --drafter DIR --oracle ...` as in RESULTS.md
     drafter = AutoModel.from_pretrained(G, dtype=torch.bfloat16)
