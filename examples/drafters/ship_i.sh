@@ -1,36 +1,41 @@
 #!/usr/bin/env bash
-# After evaluate_i.sh: drafter I replaces G as the shipped drafter if it accepts more on average over the five sets
-# (the run of evaluate_i.sh, both drafters measured side by side); its bfloat16 weights and config go into the drafter
-# folder with the training record, and I's log and acceptance into results-i/. Then measure the speed tables again
-# (RESULTS.md's bench commands) and regenerate the card from the new bench (hf-dflash card DIR --results ...).
-#   RUNS=/work/runs/smollm2 bash examples/drafters/ship_i.sh
+# Drafter I, in two steps. `ship_i.sh stage`, after evaluate_i.sh: I's bfloat16 weights and config (as it would ship),
+# training log and arguments and its acceptance against G go from $RUNS to examples/drafters/results-i/ (committed:
+# the next session need not find $RUNS). Then measure I's speed tables (measure_speed.sh with
+# D=examples/drafters/results-i/drafter) and run `ship_i.sh`: I replaces G in the drafter folder if it accepts more on
+# average over the five sets (evaluate_i.sh measured both side by side), with its training record; then
+# measure_speed.sh's SHIP=1 step (or its copy commands) puts I's bench files in the folder and renders the card.
+#   RUNS=/work/runs/smollm2 bash examples/drafters/ship_i.sh stage
+#   bash examples/drafters/ship_i.sh
 set -euo pipefail
 RUNS=${RUNS:-runs/smollm2}
 OUT=examples/drafters/smollm2-135m-instruct-dflash
-python - "$RUNS" "$OUT" <<'PY'
+STAGE=examples/drafters/results-i
+if [ "${1:-}" = stage ]; then
+    mkdir -p "$STAGE/drafter"
+    cp "$RUNS/i/train_log.jsonl" "$RUNS/i/training_args.json" "$RUNS/acceptance_i_vs_g.json" "$STAGE/"
+    [ ! -s "$RUNS/acceptance_i_vs_g_turn2.json" ] || cp "$RUNS/acceptance_i_vs_g_turn2.json" "$STAGE/"
+    cp "$RUNS/i_bf16/config.json" "$RUNS/i_bf16/model.safetensors" "$STAGE/drafter/"
+    echo "staged I in $STAGE"
+    exit 0
+fi
+python - "$STAGE" "$OUT" <<'PY'
 import json, shutil, sys
 from pathlib import Path
 
-runs, out = Path(sys.argv[1]), Path(sys.argv[2])
-drafter_i, drafter_g = json.loads((runs / "acceptance_i_vs_g.json").read_text())["results"]
+stage, out = Path(sys.argv[1]), Path(sys.argv[2])
+drafter_i, drafter_g = json.loads((stage / "acceptance_i_vs_g.json").read_text())["results"]
 if drafter_i["mean"] <= drafter_g["mean"]:
     sys.exit(f"I accepts {drafter_i['mean']:.3f} on average, G {drafter_g['mean']:.3f}: I is not shipped")
-results = Path("examples/drafters/results-i")
-results.mkdir(exist_ok=True)
-for name in ("train_log.jsonl", "training_args.json"):
-    shutil.copyfile(runs / "i" / name, results / name)
-for name in ("acceptance_i_vs_g.json", "acceptance_i_vs_g_turn2.json"):
-    if (runs / name).is_file():
-        shutil.copyfile(runs / name, results / name)
 for name in ("config.json", "model.safetensors"):
-    shutil.copyfile(runs / "i_bf16" / name, out / name)
-record = json.loads((runs / "i" / "training_args.json").read_text())
-log = [json.loads(line) for line in open(runs / "i" / "train_log.jsonl")]
+    shutil.copyfile(stage / "drafter" / name, out / name)
+record = json.loads((stage / "training_args.json").read_text())
+log = [json.loads(line) for line in open(stage / "train_log.jsonl")]
 window = record["logging_steps"]  # each log line times the `window` steps before it, across resumed runs too
 record.update(
     output="i",
     train_seconds=round(sum(r["s_per_step"] * window for r in log if r["step"] <= record["max_steps"]), 1),
-    data="G's 20,869 regenerated samples and 10,194 regenerated ShareGPT later turns, interleaved 2:1 (31,063; "
+    data="G's 20,869 regenerated samples and 10,194 regenerated ShareGPT later turns, interleaved 2:1 (31,063, of which 30,134 long enough to train on; "
          "examples/drafters/data/, continue_h.sh), features from the store",
     init_from="G as shipped (44,200 steps since drafter C; G's own record is in git history)",
     runs="C -> D1 -> D2 -> E -> F -> G (44,200 steps, RESULTS.md) -> I (31,063 samples, 20,000 steps, cosine from "
