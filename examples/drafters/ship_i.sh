@@ -35,8 +35,8 @@ window = record["logging_steps"]  # each log line times the `window` steps befor
 record.update(
     output="i",
     train_seconds=round(sum(r["s_per_step"] * window for r in log if r["step"] <= record["max_steps"]), 1),
-    data="G's 20,869 regenerated samples and 10,194 regenerated ShareGPT later turns, interleaved 2:1 (31,063, of which 30,134 long enough to train on; "
-         "examples/drafters/data/, continue_h.sh), features from the store",
+    data="G's 20,869 regenerated samples and 10,194 regenerated ShareGPT later turns, interleaved 2:1 (31,063, "
+         "30,134 of them long enough to train on; examples/drafters/data/, continue_h.sh), features from the store",
     init_from="G as shipped (44,200 steps since drafter C; G's own record is in git history)",
     runs="C -> D1 -> D2 -> E -> F -> G (44,200 steps, RESULTS.md) -> I (31,063 samples, 20,000 steps, cosine from "
          "lr 2e-4, two threads)",
