@@ -27,6 +27,20 @@ def median_ms(times):
     return sorted(times)[len(times) // 2] * 1e3
 
 
+def in_both_modes(call, reset, n):
+    """Median ms of `call` under no_grad (as plain `generate`) and inference mode (as the loop), in turns; `reset`
+    after each call (a cache crop)."""
+    times = {"no_grad": [], "inference mode": []}
+    for i in range(n):
+        name = list(times)[i % 2]
+        with torch.inference_mode(name == "inference mode"), torch.no_grad():
+            began = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - began)
+        reset()
+    return {name: round(median_ms(t), 2) for name, t in times.items()}
+
+
 def in_and_out_of_cache(label, calls: dict, repeats: int) -> None:
     """Median ms of each call with its operands in cache, then after a 400 MB sweep before each call ("out of
     cache": the target's forward sweeps 270 MB every step)."""
@@ -92,15 +106,10 @@ elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, r
         calls.append(None)
         if len(calls) == 6:
             cache = kwargs["cache"]
-            kept, times = cache.get_seq_length(), {"inference mode (the loop's)": [], "no_grad": []}
-            for i in range(100):  # the two modes in turns
-                name = list(times)[i % 2]
-                with torch.inference_mode(i % 2 == 0), torch.no_grad():
-                    began = time.perf_counter()
-                    forward(*args, **kwargs)
-                    times[name].append(time.perf_counter() - began)
-                cache.crop(kept - cache.get_seq_length())
-            print("drafter forward replayed in cache:", {k: round(median_ms(v), 2) for k, v in times.items()}, "ms")
+            kept = cache.get_seq_length()
+            medians = in_both_modes(lambda: forward(*args, **kwargs),
+                                    lambda: cache.crop(kept - cache.get_seq_length()), 100)
+            print("drafter forward replayed in cache:", medians, "ms")
         return forward(*args, **kwargs)
 
     drafter.forward = replaying
@@ -114,15 +123,10 @@ elif what == "forward":  # the target's forward over 1 / 16 tokens after a GSM8K
     cache = DynamicCache(config=target.config)
     target(**chat_inputs(tok, load_prompt_set("gsm8k", 1)[0].messages), cache=cache)
     for k in (1, 16):
-        ids, times = torch.randint(0, 1000, (1, k)), {"no_grad": [], "inference mode": []}
-        for i in range(60):  # the two modes in turns
-            name = list(times)[i % 2]
-            with torch.inference_mode(i % 2 == 1), torch.no_grad():
-                began = time.perf_counter()
-                target(input_ids=ids, cache=cache, output_hidden_states=True)
-                times[name].append(time.perf_counter() - began)
-            cache.crop(-k)
-        print(k, {name: round(median_ms(t), 2) for name, t in times.items()}, "ms")
+        ids = torch.randint(0, 1000, (1, k))
+        medians = in_both_modes(lambda: target(input_ids=ids, cache=cache, output_hidden_states=True),
+                                lambda: cache.crop(-k), 60)
+        print(k, medians, "ms")
 
 elif what == "one-layer":  # its cost only: then `hf-dflash bench --drafter DIR --oracle ...` as in RESULTS.md
     drafter = AutoModel.from_pretrained(G, dtype=torch.bfloat16)
