@@ -298,8 +298,10 @@ def benchmark(
 
     `prompt_sets` values: lists of chat `Prompt`s (encoded with `tokenizer`'s chat template) or of token id lists
     (left-padded with the target's pad token; `tokenizer` may then be None). `draft_tree_sizes`: the
-    `draft_tree_size` of the DFlash calls, each measured as its own run (0: the chain, N: a tree of N drafts,
-    "auto"; default: the drafter's own); baselines are measured in the first one's runs only.
+    `draft_tree_size` of the DFlash calls, each reported as its own run (0: the chain, N: a tree of N drafts,
+    "auto"; default: the drafter's own); they are measured in turns, prompt batch by prompt batch, against one plain
+    `generate` call per batch, so a drift of the machine's speed reaches them all alike; baselines are measured
+    once, in the first one's runs.
 
     `oracle=True` (greedy only): the DFlash calls draft the target's own greedy continuation after the real drafter
     ran (`hf_dflash.oracle`; precomputed from the plain call, recomputed from the committed text where a near-tie
@@ -323,6 +325,8 @@ def benchmark(
     for tree in tree_sizes:
         if tree != "auto" and (not isinstance(tree, int) or tree < 0):
             raise ValueError(f"draft tree size {tree!r}: use whole numbers >= 0 (0: the chain) or 'auto'.")
+    if len(set(tree_sizes)) < len(tree_sizes):
+        raise ValueError(f"draft tree sizes {tree_sizes}: each size once (they are measured in turns).")
     stop_ids = _stop_ids(target)
     device = target.device
     pad_id = target.generation_config.pad_token_id
@@ -348,20 +352,16 @@ def benchmark(
         variant.config.block_size = block
         drafters[block] = variant.eval()
 
-    runs_spec = [(s, b, m, k, t) for s in prompt_sets for b in batch_sizes for m in modes for k in block_sizes
-                 for t in tree_sizes]
+    runs_spec = [(s, b, m, k) for s in prompt_sets for b in batch_sizes for m in modes for k in block_sizes]
     total = sum(-(-len(prompt_sets[s]) // b) for s, b, *_ in runs_spec)
     bar = tqdm(total=total, desc="bench", disable=not progress)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         references = {}
-        for set_name, batch_size, mode, block, tree in runs_spec:
+        for set_name, batch_size, mode, block in runs_spec:
             greedy = mode == "greedy"
             active = [b for b in baselines if b != "plain"] if greedy and batch_size == 1 else []
             skipped = {}
-            if active and tree != tree_sizes[0]:  # the baselines draft no trees: measured once
-                skipped = dict.fromkeys(active, f"measured in the draft_tree_size={tree_sizes[0]} run")
-                active = []
             if "reference" in active and block not in references:
                 references[block] = _reference_drafter(drafters[block], Path(tmp) / f"b{block}", target.dtype)
             if "reference" in active and references[block][0] is None:
@@ -373,12 +373,40 @@ def benchmark(
             if not greedy:
                 kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
 
-            def measure(batch, timed_index):
+            def measure(batch, timed_index) -> dict:
+                """{tree size: record} of one prompt batch: plain `generate` once, then DFlash at each tree size in
+                turn, then the baselines (recorded with the first tree size)."""
                 inputs = _encode([p for _, p in batch], tokenizer, pad_id, device)
                 prompt_len = inputs["input_ids"].shape[1]
                 torch.manual_seed(seed + timed_index)
                 plain, plain_s, plain_phases = _profiled(lambda: target.generate(**inputs, **kwargs), target)
-                torch.manual_seed(seed + timed_index)
+                plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
+                shared = {  # what every tree size's record of this batch holds
+                    "prompt_ids": [p.id if isinstance(p, Prompt) else str(i) for i, p in batch],
+                    "prompt_tokens": int(inputs["attention_mask"].sum()), "prompt_len": prompt_len,
+                    "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s, "phases": plain_phases},
+                }
+                records = {}
+                for tree in tree_sizes:
+                    torch.manual_seed(seed + timed_index)
+                    records[tree] = measure_dflash(inputs, plain, plain_rows, shared, tree)
+                for name in active:
+                    if name == "prompt_lookup":
+                        seq, secs = _timed(lambda: target.generate(
+                            **inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS))
+                    elif name == "native":
+                        seq, secs = _timed(lambda: target.generate(
+                            **inputs, **kwargs, assistant_model=drafters[block], speculation_type="dflash"))
+                    else:
+                        seq, secs = _timed(lambda: references[block][0].spec_generate(
+                            target, inputs["input_ids"], max_new_tokens, stop_ids or None, temperature=0.0))
+                    rows = _new_tokens(seq, prompt_len, stop_ids, max_new_tokens)
+                    records[tree_sizes[0]][name] = {"new_tokens": sum(map(len, rows)), "seconds": secs,
+                                                    "identical": rows == plain_rows}
+                return records
+
+            def measure_dflash(inputs, plain, plain_rows, shared, tree) -> dict:
+                prompt_len = shared["prompt_len"]
                 dflash_kwargs = dict(kwargs, assistant_confidence_threshold=assistant_confidence_threshold,
                                      draft_tree_size=tree, return_dict_in_generate=True)
                 drafts = None
@@ -390,13 +418,10 @@ def benchmark(
                     call = functools.partial(target.generate, **inputs, **dflash_kwargs,
                                              assistant_model=drafters[block])
                 out, dflash_s, dflash_phases = _profiled(call, target, drafters[block], drafts)
-                plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
                 dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
                 lengths = [n for row in out.acceptance_lengths for n in row]
                 record = {
-                    "prompt_ids": [p.id if isinstance(p, Prompt) else str(i) for i, p in batch],
-                    "prompt_tokens": int(inputs["attention_mask"].sum()), "prompt_len": prompt_len,
-                    "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s, "phases": plain_phases},
+                    **copy.deepcopy(shared),
                     "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s, "phases": dflash_phases},
                     "acceptance_lengths": out.acceptance_lengths,
                     "draft_lengths": out.draft_lengths,
@@ -410,30 +435,23 @@ def benchmark(
                 }
                 if drafts is not None:
                     record["oracle"] = drafts.record()
-                for name in active:
-                    if name == "prompt_lookup":
-                        seq, secs = _timed(lambda: target.generate(
-                            **inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS))
-                    elif name == "native":
-                        seq, secs = _timed(lambda: target.generate(
-                            **inputs, **kwargs, assistant_model=drafters[block], speculation_type="dflash"))
-                    else:
-                        seq, secs = _timed(lambda: references[block][0].spec_generate(
-                            target, inputs["input_ids"], max_new_tokens, stop_ids or None, temperature=0.0))
-                    rows = _new_tokens(seq, prompt_len, stop_ids, max_new_tokens)
-                    record[name] = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
                 return record
 
             for i in range(min(warmup, len(batches))):
                 measure(batches[i], -1 - i)
-            records = []
+            records = {tree: [] for tree in tree_sizes}
             for i, batch in enumerate(batches):
-                records.append(measure(batch, i))
+                for tree, record in measure(batch, i).items():
+                    records[tree].append(record)
                 bar.update(1)
-            run = _summarise(set_name, batch_size, mode, block, tree, records, active, skipped, greedy)
-            if oracle:
-                run["oracle"] = _oracle_summary(run)
-            runs.append(run)
+            for tree in tree_sizes:
+                first = tree == tree_sizes[0]  # the baselines draft no trees: measured once, with the first
+                run = _summarise(set_name, batch_size, mode, block, tree, records[tree], active if first else [],
+                                 skipped if first else dict.fromkeys(active, f"measured in the draft_tree_size="
+                                                                            f"{tree_sizes[0]} run"), greedy)
+                if oracle:
+                    run["oracle"] = _oracle_summary(run)
+                runs.append(run)
     bar.close()
     results = {
         "machine": _machine(threads),

@@ -367,8 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter-dtype", default="auto", help=_DRAFTER_DTYPE_HELP)
     p.add_argument("--device", help="cuda, cuda:1, cpu, ... (default: cuda if available, else cpu)")
     p.add_argument("--draft-tree-sizes", type=_tree_size, nargs="+", metavar="N",
-                   help="draft_tree_size of the DFlash runs, each its own run: 0 (the chain), N drafts, auto "
-                        "(default: the drafter's own)")
+                   help="draft_tree_size of the DFlash runs, each reported as its own run and measured in turns "
+                        "against one plain call per prompt: 0 (the chain), N drafts, auto (default: the drafter's own)")
     p.add_argument("--oracle", action="store_true",
                    help="always-right drafts (the target's greedy continuation, placed after the real drafter ran): "
                         "the loop's speedup against the ceiling B x t(1) / t(B), forwards timed after each step")

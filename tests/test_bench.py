@@ -183,6 +183,15 @@ def test_without_cudnn_attention_is_scoped_to_cuda_and_restores():
 def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path))  # "auto" measures forward costs once, kept here
     target, drafter, tokenizer, prompts = setup
+    plain_calls = []
+    generate = target.generate
+
+    def counting(*args, **kwargs):
+        if "assistant_model" not in kwargs and "prompt_lookup_num_tokens" not in kwargs:
+            plain_calls.append(1)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(target, "generate", counting)
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2),
                         draft_tree_sizes=[0, 5, "auto"],
                         max_new_tokens=8, baselines=("plain", "prompt_lookup"), warmup=0, progress=False)
@@ -197,6 +206,11 @@ def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
         assert s["drafts_per_step"] == sum(drafts) / len(drafts)
         if run["tree_size"] == 5:
             assert max(drafts) == 5  # the tree's nodes, more than the chain's 3
+    # the tree sizes take turns against one plain call per prompt batch (batch 1: one per prompt, batch 2: per pair)
+    assert len(plain_calls) == len(prompts) + -(-len(prompts) // 2)
+    for batch_size in (1, 2):
+        shared = [[r["plain"] for r in run["prompts"]] for run in results["runs"] if run["batch_size"] == batch_size]
+        assert shared[0] == shared[1] == shared[2]
     first, tree = results["runs"][0], results["runs"][1]
     assert "tokens_per_s" in first["baselines"]["prompt_lookup"]  # baselines: in the first tree size's run only
     assert tree["baselines"]["prompt_lookup"] == {"skipped": "measured in the draft_tree_size=0 run"}
@@ -205,6 +219,8 @@ def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
     assert "| toy | 2 | greedy | 4 | auto |" in results["markdown"]
     auto = [line for line in lines if line.startswith("- toy, batch")]
     assert len(auto) == 2 and all(": " in line for line in auto)  # what "auto" chose, per run
+    with pytest.raises(ValueError, match="each size once"):
+        benchmark(target, drafter, tokenizer, {"toy": prompts}, draft_tree_sizes=[0, 0], progress=False)
 
 
 def _oracle_checks(run):

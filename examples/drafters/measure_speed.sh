@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped drafter's speed tables (RESULTS.md's commands): plain `generate` against the chain and "auto" at block 8,
 # greedy, batch 1, 128 new tokens, the five prompt sets; bfloat16 (8 prompts per set) and float32 (4) side by side, one
-# per core, one torch thread each. About 20 min on the 2-core EPYC; nothing else may run meanwhile (it is a timing).
+# per core, one torch thread each. About 15-20 min on the 2-core EPYC; nothing else may run meanwhile (a timing).
 # Then the tables (results_tables.py) into $OUT/tables.md; ship_drafter.sh puts the bench files in the drafter folder.
 # Run from the repository root in the set-up virtualenv:
 #   D=examples/drafters/results-j/drafter OUT=/work/runs/smollm2/speed_j bash examples/drafters/measure_speed.sh
