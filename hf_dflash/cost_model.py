@@ -10,8 +10,8 @@ number of best-first tree nodes n that maximises expected committed tokens per s
     (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + drafting time),
 
 where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
-if the drafter is calibrated; `NodeCalibration` corrects them per depth by what the call has seen so far) and n = 0
-is a one-token step.
+if the drafter is calibrated; `NodeCalibration` corrects them per depth by what the call has seen so far), t and the
+drafting time as the call's own steps correct them (`LoopCosts`), and n = 0 is a one-token step.
 """
 
 import hashlib
@@ -59,18 +59,69 @@ class ForwardCosts:
         return t1 + (t1 - t0) * (k - k1) / (k1 - k0)
 
 
-def choose_tree_size(scores: torch.Tensor, costs: ForwardCosts, draft_seconds: float = 0.0) -> int:
+def choose_tree_size(scores: torch.Tensor, costs, overhead: float = 0.0) -> int:
     """The number of draft nodes n (0 = none) maximising expected committed tokens per second for a batch whose
     rows verify the first n nodes of their best-first trees; `scores` [rows, N]: the nodes' path probabilities,
-    best first (`DraftTree.scores`). Every row commits its accepted drafts plus the target's own token."""
+    best first (`DraftTree.scores`). Every row commits its accepted drafts plus the target's own token. `costs`: t(k)
+    (`ForwardCosts`, `LoopCosts`); `overhead`: the seconds a step spends besides its verification."""
     rows, size = scores.shape
     expected = scores.double().sum(0).cumsum(0).tolist()  # accepted drafts over the rows with n = 1..N nodes
-    best, best_rate = 0, rows / (costs(1) + draft_seconds)
+    best, best_rate = 0, rows / (costs(1) + overhead)
     for n in range(1, size + 1):
-        rate = (rows + expected[n - 1]) / (costs(n + 1) + draft_seconds)
+        rate = (rows + expected[n - 1]) / (costs(n + 1) + overhead)
         if rate > best_rate:
             best, best_rate = n, rate
     return best
+
+
+class LoopCosts:
+    """t(k) and the rest of a step as one `generate` call sees them: the timed `ForwardCosts`, corrected by the call's
+    own verifications.
+
+    The curve is timed once, after a 128-token cache, with nothing between its forwards. In the loop a verification
+    runs at the call's own context, after the drafter's forward, and costs more, the more the larger the tree
+    (SmolLM2-135M, bfloat16, one thread, HumanEval, "auto": 5 tokens 1-3 ms over the curve, 9-12 tokens 5-11 ms), so
+    "auto" chose trees that did not pay. Each verification's excess over the curve, e = seconds - t_curve(k), is
+    fitted as a + b (k - 1) by least squares over the call's steps, both shrunk toward 0 as if `prior_steps` steps had
+    matched the curve (a one-token step costs what the curve says until the steps say otherwise), each e clipped to
+    a quarter of t_curve(k) (one slow step on a shared machine must not steer the fit). `overhead`: the rest of a step
+    (the drafter, its head, the tree, the bookkeeping; 0 before the first step), smoothed."""
+
+    def __init__(self, curve: ForwardCosts, prior_steps: float = 8.0):
+        self.curve = curve
+        self.prior_steps = prior_steps
+        self.sums = [0.0] * 5  # over the steps: 1, x, x^2, e, x e  (x = k - 1)
+        self.excess = (0.0, 0.0)  # the fitted a, b
+        self.overhead = 0.0
+        self._began = None  # when the step being timed began
+        self._verified = None  # (tokens, seconds) of its verification
+
+    def __call__(self, k: float) -> float:
+        a, b = self.excess
+        return self.curve(k) + a + b * (k - 1)
+
+    def step_begins(self, time: float) -> None:
+        """A step begins at `time` (`now`): the one before it, if it verified drafts, ended."""
+        began, self._began = self._began, time
+        if self._verified is None:
+            return
+        (tokens, verify), self._verified = self._verified, None
+        rest = time - began - verify
+        self.overhead = rest if self.sums[0] == 0 else 0.8 * self.overhead + 0.2 * rest
+        limit = self.curve(tokens) / 4
+        e, x = min(max(verify - self.curve(tokens), -limit), limit), tokens - 1
+        for i, term in enumerate((1.0, x, x * x, e, x * e)):
+            self.sums[i] += term
+        n, sx, sxx, se, sxe = self.sums
+        prior = self.prior_steps
+        # ridge normal equations; b's prior weighs a change of b as one of a spread over 4 tokens
+        m00, m01, m11 = n + prior, sx, sxx + 16 * prior
+        det = m00 * m11 - m01 * m01
+        self.excess = ((m11 * se - m01 * sxe) / det, (m00 * sxe - m01 * se) / det)
+
+    def verified(self, tokens: int, seconds: float) -> None:
+        """This step's verification, over `tokens` tokens, took `seconds`."""
+        self._verified = (tokens, seconds)
 
 
 class NodeCalibration:

@@ -16,7 +16,6 @@ loop is the same, with a tree attention mask, and the cache keeps each row's acc
 import contextlib
 import copy
 import functools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +39,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
 from .cpu_ops import argmax, pack_linears
-from .cost_model import NodeCalibration, choose_tree_size, load_forward_costs
+from .cost_model import LoopCosts, NodeCalibration, choose_tree_size, load_forward_costs, now
 from .devices import without_cudnn_attention
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
@@ -227,8 +226,7 @@ def _speculative_loop(state: "_Decoder", input_ids, attention_mask, prompt_mask)
 
     while state.rows.numel():
         tree = state.propose()  # [rows, T]: the newest token (the root), then its drafts: a chain or a tree
-        positions = state.next_pos[:, None] + tree.depths
-        out = state.target_forward(tree.tokens, state.verify_mask(tree), positions)
+        out = state.verify_forward(tree)
         tokens, kept, scores, path = state.verify(out.logits, tree)  # kept: accepted drafts + the target's token
         state.record(state.commit(tokens, kept, scores), tree, path, kept)
         state.keep_path(state.features(out), path, kept)
@@ -302,12 +300,12 @@ class _Decoder:
             head = None if self.draft_head is None else self.draft_head[0]
             if head is not None and head.weight.data_ptr() != _stored_weight(self.head).data_ptr():
                 pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
-        self.tree_size, self.costs, self.draft_seconds, self.calibration = 0, None, None, None
+        self.tree_size, self.costs, self.calibration = 0, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
             if tree_size == "auto":
-                self.costs = load_forward_costs(target, batch_size=batch)
-                tree_size = self.costs.max_tokens - 1  # the largest verification the curve covers
+                self.costs = LoopCosts(load_forward_costs(target, batch_size=batch))
+                tree_size = self.costs.curve.max_tokens - 1  # the largest verification the curve covers
                 self.calibration = NodeCalibration(self.block_size - 1)
             self.tree_size = tree_size
             draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].out_features
@@ -340,6 +338,8 @@ class _Decoder:
     # --- drafting -----------------------------------------------------------------------------------------
     def propose(self) -> DraftTree:
         """What to verify: each row's newest token, then drafts for the positions after it (a chain, or a tree)."""
+        if self.costs is not None:  # "auto" times its steps: the one before ends here
+            self.costs.step_begins(now(self.rows.device))
         newest = self.sequences[self.rows, self.lengths[self.rows] - 1]
         left = int((self.config.max_length - self.lengths[self.rows]).max())
         verify_len = min(self.block_size, left)  # never draft past max_length (a tree: never deeper)
@@ -358,17 +358,13 @@ class _Decoder:
     def propose_tree(self, newest: torch.LongTensor, verify_len: int) -> DraftTree | None:
         """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold, or
         "auto" finding that no tree pays)."""
-        start = time.perf_counter()
         ids, probs = self.drafter_candidates(newest, verify_len, self.top_k)
         if self.threshold and bool((probs[:, 0, 0] < self.threshold).all()):
             return None
         tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
         if self.costs is None:
             return tree
-        # the drafter's time per step (forward, head, tree; `build_tree` waits for the device), smoothed
-        elapsed = time.perf_counter() - start
-        self.draft_seconds = elapsed if self.draft_seconds is None else 0.8 * self.draft_seconds + 0.2 * elapsed
-        num_drafts = choose_tree_size(self.calibration(tree), self.costs, self.draft_seconds)
+        num_drafts = choose_tree_size(self.calibration(tree), self.costs, self.costs.overhead)
         return tree.first(num_drafts) if num_drafts else None
 
     def drafter_propose(self, newest: torch.LongTensor, verify_len: int) -> tuple:
@@ -411,6 +407,15 @@ class _Decoder:
         return hidden[:, 1:]
 
     # --- verification -------------------------------------------------------------------------------------
+    def verify_forward(self, tree: DraftTree):
+        """The target's forward over `tree` (a node at depth d at the next position + d), timed for "auto"."""
+        positions = self.next_pos[:, None] + tree.depths
+        began = now(positions.device) if self.costs is not None else None
+        out = self.target_forward(tree.tokens, self.verify_mask(tree), positions)
+        if began is not None:
+            self.costs.verified(tree.tokens.shape[1], now(positions.device) - began)
+        return out
+
     def verify_mask(self, tree: DraftTree):
         """The target's attention mask for verifying `tree`: a 2-D padding mask for a chain (None without padding),
         a tree attention mask otherwise."""

@@ -8,7 +8,9 @@ import torch
 
 import hf_dflash.cost_model as cost_model
 from conftest import ForwardCounter, left_padded, make_drafter, make_target
-from hf_dflash.cost_model import ForwardCosts, NodeCalibration, choose_tree_size, load_forward_costs, measure_forward_costs
+from hf_dflash.cost_model import (
+    ForwardCosts, LoopCosts, NodeCalibration, choose_tree_size, load_forward_costs, measure_forward_costs,
+)
 from hf_dflash.tree import DraftTree
 from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
@@ -42,9 +44,52 @@ def test_chooser_on_synthetic_curves():
     assert choose_tree_size(unsure, CPU) == 0
     # the drafter's time is paid by every step: it makes verifying drafts relatively cheaper
     assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP) == 0
-    assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP, draft_seconds=0.05) == 1
+    assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP, overhead=0.05) == 1
     # a batch shares one tree size: the rows' expectations add up
     assert choose_tree_size(torch.cat([unsure, sure[:, :4]]), CPU) == 1  # 3.1 tokens in 1.5 steps > 2 in 1
+
+
+def run_steps(costs: LoopCosts, steps) -> None:
+    """Feed `costs` steps of (tokens verified, verification seconds, the rest of the step's seconds)."""
+    clock = 0.0
+    for tokens, verify, rest in steps:
+        costs.step_begins(clock)
+        costs.verified(tokens, verify)
+        clock += verify + rest
+    costs.step_begins(clock)
+
+
+def test_loop_costs_learn_what_the_call_s_verifications_cost():
+    costs = LoopCosts(CPU, prior_steps=8)
+    assert [costs(k) for k in (1, 2, 5, 9)] == [CPU(k) for k in (1, 2, 5, 9)] and costs.overhead == 0
+    # the loop's verifications cost 2 ms + 1 ms a token more than the curve, its other work 5 ms a step
+    truth = lambda k: CPU(k) + 0.002 + 0.001 * (k - 1)  # noqa: E731
+    run_steps(costs, [(k, truth(k), 0.005) for k in (1, 3, 5, 9, 12, 6) * 50])
+    assert costs.overhead == pytest.approx(0.005)
+    assert costs.excess == pytest.approx((0.002, 0.001), rel=0.05)  # 300 steps against a prior of 8
+    assert costs(7) == pytest.approx(truth(7), rel=0.01)
+    # the fit leans on the curve before the steps say much: 2 steps, each 10 ms over
+    few = LoopCosts(CPU, prior_steps=8)
+    run_steps(few, [(4, CPU(4) + 0.010, 0.005)] * 2)
+    assert 0 < few(4) - CPU(4) < 0.010 / 4
+    # one step on a stalled machine moves the fit by at most a quarter of the curve, shrunk
+    slow = LoopCosts(CPU, prior_steps=8)
+    run_steps(slow, [(4, 10.0, 0.005)])
+    assert slow.excess[0] <= CPU(4) / 4 / 9
+
+
+def test_auto_feeds_its_steps_to_the_loop_costs(tree_oracle, monkeypatch):  # noqa: F811
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    ids, _ = left_padded(1, lengths=[5])
+    tree_oracle([1, 0, 0])
+    with_costs(monkeypatch, FLAT)
+    seen = []
+    monkeypatch.setattr(LoopCosts, "verified", lambda self, tokens, seconds: seen.append((tokens, seconds)))
+    counter = ForwardCounter(target)
+    target.generate(ids, do_sample=False, max_new_tokens=13, assistant_model=drafter, draft_tree_size="auto")
+    assert [tokens for tokens, _ in seen] == counter.tokens[1:]  # every verification after the prefill, timed
+    assert all(seconds > 0 for _, seconds in seen)
 
 
 def test_node_calibration_tempers_an_overconfident_drafter():
@@ -121,7 +166,7 @@ def test_auto_follows_the_cost_curve(costs, tokens, tree_oracle, monkeypatch):  
     ids, _ = left_padded(1, lengths=[5])
     plain = target.generate(ids, do_sample=False, max_new_tokens=13)
     tree_oracle([1, 0, 0])
-    # in units a real drafting time cannot tip ("auto" adds the measured drafting seconds to every choice's cost,
+    # in units a real step cannot tip ("auto" adds the rest of a step, measured, to every choice's cost,
     # and on a loaded machine they can exceed a fake 10 ms forward)
     with_costs(monkeypatch, ForwardCosts(costs.tokens, tuple(100 * t for t in costs.seconds)))
     counter = ForwardCounter(target)
