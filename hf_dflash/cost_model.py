@@ -7,7 +7,7 @@ trees, on the target's own device and dtype, at a batch size; `load_forward_cost
 (model, config, device, dtype, batch, threads) and measures only once. `choose_tree_size` then picks, each step, the
 number of best-first tree nodes n that maximises expected committed tokens per second,
 
-    (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + drafting time),
+    (rows + E[accepted drafts | the n best nodes]) / (t(n + 1) + the rest of a step),
 
 where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
 if the drafter is calibrated; `NodeCalibration` corrects them per depth by what the call has seen so far), t and the
@@ -101,7 +101,7 @@ class LoopCosts:
         return self.curve(k) + a + b * (k - 1)
 
     def step_begins(self, time: float) -> None:
-        """A step begins at `time` (`now`): the one before it, if it verified drafts, ended."""
+        """A step begins at `time` (seconds, as `verified`'s): the one before it, if timed, ended."""
         began, self._began = self._began, time
         if self._verified is None:
             return

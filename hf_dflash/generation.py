@@ -339,7 +339,7 @@ class _Decoder:
     def propose(self) -> DraftTree:
         """What to verify: each row's newest token, then drafts for the positions after it (a chain, or a tree)."""
         if self.costs is not None:  # "auto" times its steps: the one before ends here
-            self.costs.step_begins(now(self.rows.device))
+            self.costs.step_begins(self.clock())
         newest = self.sequences[self.rows, self.lengths[self.rows] - 1]
         left = int((self.config.max_length - self.lengths[self.rows]).max())
         verify_len = min(self.block_size, left)  # never draft past max_length (a tree: never deeper)
@@ -410,11 +410,15 @@ class _Decoder:
     def verify_forward(self, tree: DraftTree):
         """The target's forward over `tree` (a node at depth d at the next position + d), timed for "auto"."""
         positions = self.next_pos[:, None] + tree.depths
-        began = now(positions.device) if self.costs is not None else None
+        began = self.clock() if self.costs is not None else None
         out = self.target_forward(tree.tokens, self.verify_mask(tree), positions)
         if began is not None:
-            self.costs.verified(tree.tokens.shape[1], now(positions.device) - began)
+            self.costs.verified(tree.tokens.shape[1], self.clock() - began)
         return out
+
+    def clock(self) -> float:
+        """The time "auto" times its steps by (`LoopCosts`), once the device has finished its queued work."""
+        return now(self.rows.device)
 
     def verify_mask(self, tree: DraftTree):
         """The target's attention mask for verifying `tree`: a 2-D padding mask for a chain (None without padding),

@@ -1,6 +1,7 @@
 """`hf_dflash.bench.benchmark` and `hf-dflash bench` on a tiny target: consistent numbers, outputs written."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -325,6 +326,24 @@ def test_oracle_times_one_token_as_plain_generate_runs_it(setup, monkeypatch):
     ceiling = [(k, inference) for k, inference, timed in seen if timed]
     assert {k for k, _ in ceiling} == {1, 4} and all(inference == (k > 1) for k, inference in ceiling)
     assert all(inference for _, inference, timed in seen if not timed)  # the loop's prefill and verifications
+
+
+def test_oracle_work_stays_out_of_auto_s_step_costs(setup, monkeypatch):
+    """The ceiling's forwards run between a step's verification and the next step, untimed: "auto" must not count
+    them as the step's (`LoopCosts.overhead`), or it would verify trees that pay only against that cost."""
+    from hf_dflash.cost_model import ForwardCosts, LoopCosts
+    from hf_dflash.oracle import OracleDecoder
+
+    target, drafter, tokenizer, prompts = setup
+    made = []
+    monkeypatch.setattr("hf_dflash.generation.LoopCosts", lambda curve: made.append(LoopCosts(curve)) or made[-1])
+    monkeypatch.setattr("hf_dflash.generation.load_forward_costs", 
+                        lambda target, batch_size: ForwardCosts((1, 32), (0.001, 0.001)))
+    time_ceiling = OracleDecoder.time_ceiling
+    monkeypatch.setattr(OracleDecoder, "time_ceiling", lambda self, pos: time_ceiling(self, pos) or time.sleep(0.2))
+    benchmark(target, drafter, tokenizer, {"toy": prompts[:1]}, block_sizes=[4], draft_tree_sizes=["auto"],
+              max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True)
+    assert made and all(costs.sums[0] > 0 and costs.overhead < 0.1 for costs in made)
 
 
 @pytest.mark.parametrize("max_new_tokens, lengths", [(10, [4, 1, 4]), (22, [4, 1, 4, 4, 4, 4])])
