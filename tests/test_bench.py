@@ -337,7 +337,7 @@ def test_oracle_work_stays_out_of_auto_s_step_costs(setup, monkeypatch):
     target, drafter, tokenizer, prompts = setup
     made = []
     monkeypatch.setattr("hf_dflash.generation.LoopCosts", lambda curve: made.append(LoopCosts(curve)) or made[-1])
-    monkeypatch.setattr("hf_dflash.generation.load_forward_costs", 
+    monkeypatch.setattr("hf_dflash.generation.load_forward_costs",
                         lambda target, batch_size: ForwardCosts((1, 32), (0.001, 0.001)))
     time_ceiling = OracleDecoder.time_ceiling
     monkeypatch.setattr(OracleDecoder, "time_ceiling", lambda self, pos: time_ceiling(self, pos) or time.sleep(0.2))
