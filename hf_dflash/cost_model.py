@@ -11,7 +11,7 @@ number of best-first tree nodes n that maximises expected committed tokens per s
 
 where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
 if the drafter is calibrated; `NodeCalibration` corrects them per depth by what the call has seen so far), t and the
-drafting time as the call's own steps correct them (`LoopCosts`), and n = 0 is a one-token step.
+rest of a step as the call's own steps measure them (`LoopCosts`), and n = 0 is a one-token step.
 """
 
 import hashlib
