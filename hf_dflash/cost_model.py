@@ -81,7 +81,7 @@ class LoopCosts:
     The curve is timed once, after a 128-token cache, with nothing between its forwards. In the loop a verification
     runs at the call's own context, after the drafter's forward, and costs more, the more the larger the tree
     (SmolLM2-135M, bfloat16, one thread, HumanEval, "auto": 5 tokens 1-3 ms over the curve, 9-12 tokens 5-11 ms), so
-    "auto" chose trees that did not pay. Each verification's excess over the curve, e = seconds - t_curve(k), is
+    "auto" chose by costs that were not the loop's. Each verification's excess over the curve, e = seconds - t_curve(k), is
     fitted as a + b (k - 1) by least squares over the call's steps, both shrunk toward 0 as if `prior_steps` steps had
     matched the curve (a one-token step costs what the curve says until the steps say otherwise), each e clipped to
     a quarter of t_curve(k) (one slow step on a shared machine must not steer the fit). `overhead`: the rest of a step
