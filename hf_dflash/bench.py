@@ -444,11 +444,12 @@ def benchmark(
                 for tree, record in measure(batch, i).items():
                     records[tree].append(record)
                 bar.update(1)
+            # the baselines draft no trees: measured once, with the first size
+            elsewhere = dict.fromkeys(active, f"measured in the draft_tree_size={tree_sizes[0]} run")
             for tree in tree_sizes:
-                first = tree == tree_sizes[0]  # the baselines draft no trees: measured once, with the first
+                first = tree == tree_sizes[0]
                 run = _summarise(set_name, batch_size, mode, block, tree, records[tree], active if first else [],
-                                 skipped if first else dict.fromkeys(active, f"measured in the draft_tree_size="
-                                                                            f"{tree_sizes[0]} run"), greedy)
+                                 skipped if first else elsewhere, greedy)
                 if oracle:
                     run["oracle"] = _oracle_summary(run)
                 runs.append(run)

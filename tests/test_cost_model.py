@@ -78,12 +78,19 @@ def test_loop_costs_learn_what_the_call_s_verifications_cost():
     assert slow.excess[0] <= CPU(4) / 4 / 9
 
 
-def test_auto_feeds_its_steps_to_the_loop_costs(tree_oracle, monkeypatch):  # noqa: F811
+def flat_auto_setup(tree_oracle, monkeypatch):
+    """A tiny llama, a block-4 drafter whose right token is its runner-up at depth 1 (the tree oracle), a 5-token
+    prompt, and a flat measured cost curve."""
     target = make_target("llama")
     drafter = make_drafter(target, block_size=4)
     ids, _ = left_padded(1, lengths=[5])
     tree_oracle([1, 0, 0])
     with_costs(monkeypatch, FLAT)
+    return target, drafter, ids
+
+
+def test_auto_feeds_its_steps_to_the_loop_costs(tree_oracle, monkeypatch):  # noqa: F811
+    target, drafter, ids = flat_auto_setup(tree_oracle, monkeypatch)
     seen = []
     monkeypatch.setattr(LoopCosts, "verified", lambda self, tokens, seconds: seen.append((tokens, seconds)))
     counter = ForwardCounter(target)
@@ -178,11 +185,7 @@ def test_auto_follows_the_cost_curve(costs, tokens, tree_oracle, monkeypatch):  
 
 
 def test_auto_keeps_the_explicit_overrides(tree_oracle, monkeypatch):  # noqa: F811
-    target = make_target("llama")
-    drafter = make_drafter(target, block_size=4)
-    ids, _ = left_padded(1, lengths=[5])
-    tree_oracle([1, 0, 0])
-    with_costs(monkeypatch, FLAT)
+    target, drafter, ids = flat_auto_setup(tree_oracle, monkeypatch)
     counter = ForwardCounter(target)
     kwargs = dict(do_sample=False, max_new_tokens=13, assistant_model=drafter, draft_tree_size="auto")
     out = target.generate(ids, num_assistant_tokens=1, return_dict_in_generate=True, **kwargs)
