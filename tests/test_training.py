@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,6 +240,35 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     apart = sum((a[k] - b[k]).norm() ** 2 for k in a) ** 0.5
     # Adam turns float-summation noise in near-zero gradients into +-lr steps, so the runs are close, not equal
     assert apart < 0.05 * moved, (float(apart), float(moved))
+
+
+class _LaggingRankAccelerator:
+    """Rank 0 of two, where rank 1 writes its RNG state into the checkpoint folder only at the next barrier: the
+    interleaving that made the two-process run fail when rank 0 renamed the folder first."""
+
+    is_main_process = True
+
+    def __init__(self):
+        self.pending = None
+
+    def save_state(self, folder):
+        os.makedirs(folder, exist_ok=True)
+        (Path(folder) / "random_states_0.pkl").write_bytes(b"0")
+        self.pending = Path(folder) / "random_states_1.pkl"
+
+    def wait_for_everyone(self):
+        if self.pending is not None:
+            self.pending.write_bytes(b"1")  # FileNotFoundError if the folder was renamed under rank 1
+            self.pending = None
+
+
+def test_checkpoint_is_renamed_only_after_every_process_wrote_into_it(tmp_path):
+    from hf_dflash.training.loop import _save_checkpoint
+
+    _save_checkpoint(_LaggingRankAccelerator(), tmp_path, 7)
+    saved = tmp_path / "checkpoint-7"
+    assert sorted(p.name for p in saved.iterdir()) == ["random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-7"]
 
 
 def test_draft_vocab_size_saves_the_most_frequent_response_tokens(tmp_path):

@@ -278,6 +278,7 @@ def _save_checkpoint(accelerator, checkpoints: Path, step: int) -> None:
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()  # every process writes its RNG state into tmp: rename only after the last one
     if accelerator.is_main_process:
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step}))
         if final.exists():
