@@ -40,6 +40,10 @@ def test_numbers_are_consistent(results):
         s = run["summary"]
         assert s["tau"] >= 1
         assert s["speedup"] == s["plain_seconds"] / s["dflash_seconds"]
+        per_token = s["tokens_per_s_dflash"] / s["tokens_per_s_plain"]
+        assert s["speedup_per_token"] == pytest.approx(per_token)
+        if s["plain_new_tokens"] == s["dflash_new_tokens"]:
+            assert s["speedup_per_token"] == pytest.approx(s["speedup"])
         assert s["plain_seconds"] == sum(r["plain"]["seconds"] for r in run["prompts"])
         assert sum(s["histogram"]) == s["steps"] == sum(len(row) for r in run["prompts"] for row in r["acceptance_lengths"])
         assert sum(k * c for k, c in enumerate(s["histogram"])) == s["committed"]
@@ -99,6 +103,18 @@ def test_outputs_written(results, tmp_path):
     assert lines[0].startswith("| set | batch | mode | block | tree | tau | drafts/step | tok/s plain | tok/s dflash")
     assert "tok/s native" in lines[0] and lines[2 + len(results["runs"])] == ""
     assert sum(line.startswith("| toy |") for line in lines) == 2 * len(results["runs"])  # results + profile
+    for run, line in zip(results["runs"], lines[2:]):  # the table's rows, in the runs' order
+        s = run["summary"]
+        assert ("per token" in line) == (s["plain_new_tokens"] != s["dflash_new_tokens"]), line
+
+
+def test_speedup_per_token_where_the_calls_made_different_numbers_of_tokens():
+    from hf_dflash.bench import _speedup_cell
+
+    # DFlash stopped earlier (a near-tie to an earlier EOS): 2x by time, 1.5x by tokens per second
+    summary = {"speedup": 2.0, "speedup_per_token": 1.5, "plain_new_tokens": 400, "dflash_new_tokens": 300}
+    assert _speedup_cell(summary) == "2.00x (1.50x per token)"
+    assert _speedup_cell({**summary, "dflash_new_tokens": 400, "speedup_per_token": 2.0}) == "2.00x"
 
 
 def test_profile_accounts_for_the_measured_time(results):
