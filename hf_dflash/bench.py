@@ -291,10 +291,11 @@ def benchmark(
 ) -> dict:
     """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
     size. Per prompt batch: new tokens, seconds, acceptance lengths per step and their histogram; per run: tau
-    (pooled tokens committed per target forward), tokens/s, speedup = plain seconds / DFlash seconds, speedup_per_token = the ratio of their tokens/s. Baselines
-    (batch 1, greedy) run in the same interleaved loop. `warmup` prompt batches per run are generated untimed first.
-    In greedy mode the DFlash output is compared with plain generate token for token (`identical`).
-    `assistant_confidence_threshold` goes to the DFlash calls (None: the drafter's default).
+    (pooled tokens committed per target forward), tokens/s, speedup = plain seconds / DFlash seconds,
+    speedup_per_token = the ratio of their tokens/s. Baselines (batch 1, greedy) run in the same interleaved loop.
+    `warmup` prompt batches per run are generated untimed first. In greedy mode the DFlash output is compared with
+    plain generate token for token (`identical`). `assistant_confidence_threshold` goes to the DFlash calls (None:
+    the drafter's default).
 
     `prompt_sets` values: lists of chat `Prompt`s (encoded with `tokenizer`'s chat template) or of token id lists
     (left-padded with the target's pad token; `tokenizer` may then be None). `draft_tree_sizes`: the

@@ -267,7 +267,8 @@ def test_checkpoint_is_renamed_only_after_every_process_wrote_into_it(tmp_path):
 
     _save_checkpoint(_LaggingRankAccelerator(), tmp_path, 7)
     saved = tmp_path / "checkpoint-7"
-    assert sorted(p.name for p in saved.iterdir()) == ["random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"]
+    written = sorted(p.name for p in saved.iterdir())
+    assert written == ["random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-7"]
 
 

@@ -92,7 +92,8 @@ def main(path: str) -> None:
         for (depth, rank, on_argmax), (n, hits, predicted) in sorted(observed_vs_predicted(trees, 3).items()):
             if n >= 20:
                 print(f"depth {depth} rank {rank}{'+' if rank == 2 else ' '} parent on the argmax path "
-                      f"{'yes' if on_argmax else 'no '}: {n:5d} nodes, accepted {hits / n:.3f}, predicted {predicted / n:.3f}")
+                      f"{'yes' if on_argmax else 'no '}: {n:5d} nodes, accepted {hits / n:.3f}, "
+                      f"predicted {predicted / n:.3f}")
         fit = observed_vs_predicted(trees, 2)
         factor = {k: (hits + 1) / (predicted + 1) for k, (n, hits, predicted) in fit.items()}  # one pseudo-hit
         for budget in (4, 6, 8, 12, 16):
