@@ -43,9 +43,10 @@ def main():
             text = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
             new, outside = new + len(text), outside + sum(t not in vocab for t in text)
             position = 0
-            for committed in out.acceptance_lengths[0]:  # accepted drafts + the target's own token
+            # accepted drafts + the target's own token per step; the last step may end at a stop instead of a break
+            for committed in out.acceptance_lengths[0][:-1]:
                 position += committed
-                if committed < block and position <= len(text):  # a break: the step's last token is the target's
+                if committed < block:  # a break: the step's last token is the target's, where the drafts went wrong
                     breaks += 1
                     breaks_outside += text[position - 1] not in vocab
         print(f"| {name} | {outside / new:.3f} ({outside} of {new}) | {breaks_outside / max(breaks, 1):.3f} "
