@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
 from .devices import cpu_description, execution_device, without_cudnn_attention
-from .tree import DraftTree, tree_attention_mask
+from .tree import DraftTree, mask_one_token, tree_attention_mask
 
 SIZES = (*range(1, 17), 32)
 # On a CPU t(k) is not smooth in k: oneDNN picks kernels by shape, so a float32 forward over 13-15 tokens measured
@@ -199,7 +199,7 @@ def time_forwards(
     """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
     verifies: hidden states and logits at every position; a chain with the causal mask (no padding), a tree
     (`tree=True`) with a tree attention mask of k slots (`hf_dflash.tree.tree_attention_mask`, whose cost depends on
-    its size, not its shape). The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift
+    its size, not its shape; at k = 1 only where the loop's one-token steps carry one, `mask_one_token`). The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift
     (another job, clocks) reaches all of them alike; the median of each. On the target's device and dtype; random
     token ids. `progress`: a progress bar's description (None: no bar)."""
     sizes = sorted(set(sizes))
@@ -215,7 +215,8 @@ def time_forwards(
         inputs = {}
         for k in sizes:
             chain = DraftTree.chain(ids[:, context : context + k])
-            mask = tree_attention_mask(chain, valid, cache, target.dtype) if tree and k > 1 else None
+            masked = tree and (k > 1 or mask_one_token(device))  # as the loop verifies (`_Decoder.verify_mask`)
+            mask = tree_attention_mask(chain, valid, cache, target.dtype) if masked else None
             positions = torch.arange(context, context + k, device=device).expand(batch_size, -1)
             inputs[k] = dict(input_ids=chain.tokens, attention_mask=mask, position_ids=positions)
         runs = {k: [] for k in sizes}
@@ -272,7 +273,7 @@ def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         # what `measure_forward_costs` times: a change of method must not read old files
-        "method": "tree mask, significant sizes, inference mode",
+        "method": "tree mask, significant sizes, inference mode, one-token mask on a CPU",
         **{k: list(v) if isinstance(v, tuple) else v for k, v in measure_kwargs.items()},
     }
 

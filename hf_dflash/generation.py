@@ -44,7 +44,7 @@ from .devices import without_cudnn_attention
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
 from .modeling import DFlashDraftModel
 from .modeling.modeling_dflash import _stored_weight
-from .tree import DraftTree, build_tree, gather_path, greedy_paths, tree_attention_mask
+from .tree import DraftTree, build_tree, gather_path, greedy_paths, mask_one_token, tree_attention_mask
 
 logger = logging.get_logger(__name__)
 
@@ -300,7 +300,7 @@ class _Decoder:
             head = None if self.draft_head is None else self.draft_head[0]
             if head is not None and head.weight.data_ptr() != _stored_weight(self.head).data_ptr():
                 pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
-        self.tree_size, self.costs, self.calibration = 0, None, None
+        self.tree_size, self.costs, self.calibration, self.mask_one_token = 0, None, None, False
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
             if tree_size == "auto":
@@ -308,6 +308,7 @@ class _Decoder:
                 tree_size = self.costs.curve.max_tokens - 1  # the largest verification the curve covers
                 self.calibration = NodeCalibration(self.block_size - 1)
             self.tree_size = tree_size
+            self.mask_one_token = mask_one_token(device)
             draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].out_features
             self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
 
@@ -422,8 +423,8 @@ class _Decoder:
 
     def verify_mask(self, tree: DraftTree):
         """The target's attention mask for verifying `tree`: a 2-D padding mask for a chain (None without padding),
-        a tree attention mask otherwise."""
-        if not tree.is_chain:
+        a tree attention mask otherwise, and for a one-token step in tree mode on a CPU (`mask_one_token`)."""
+        if not tree.is_chain or (self.mask_one_token and tree.tokens.shape[1] == 1):
             return tree_attention_mask(tree, self.target_mask, self.cache, self.target.dtype)
         mask = torch.cat([self.target_mask, torch.ones_like(tree.tokens, dtype=torch.bool)], dim=1)
         return None if mask.all() else mask.long()

@@ -207,6 +207,23 @@ def test_auto_is_lossless_with_measured_costs(arch, costs_dir):
     assert len(list(costs_dir.glob("forward_costs-*.json"))) == 1  # measured once, for batch 3
 
 
+def test_time_forwards_masks_what_the_loop_masks():
+    target = make_target("llama")
+    masks = {}
+
+    def record(module, args, kwargs):  # the timed forwards (the cache's prefill has no position ids)
+        if kwargs.get("position_ids") is not None:
+            masks.setdefault(kwargs["input_ids"].shape[1], kwargs.get("attention_mask"))
+
+    hook = target.register_forward_pre_hook(record, with_kwargs=True)
+    cost_model.time_forwards(target, [1, 3], context=6, repeats=1, tree=True)
+    assert masks[1].dim() == 4 and masks[3].dim() == 4  # on a CPU the one-token step too (`mask_one_token`)
+    masks.clear()
+    cost_model.time_forwards(target, [1, 3], context=6, repeats=1)
+    assert masks[1] is None and masks[3] is None  # chains: the causal mask
+    hook.remove()
+
+
 def test_sizes_kept_are_the_powers_of_two_and_real_departures():
     # a float32-like curve: t(13..15) well above the line to t(16), t(3) below it; the rest within noise
     seconds = {k: 0.05 + 0.005 * k for k in range(1, 17)} | {32: 0.25}

@@ -493,6 +493,28 @@ def test_confidence_threshold_skips_unsure_trees(tree_oracle):
     assert counter.tokens == [5, 7, 7, 7]
 
 
+def test_one_token_steps_carry_a_tree_mask_on_a_cpu(tree_oracle):
+    # SDPA's one-query CPU kernel without a mask is slow in bfloat16 (`hf_dflash.tree.mask_one_token`)
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(2, lengths=[5, 7])
+    plain = greedy(target, ids, mask)
+    tree_oracle([1, 0, 0])  # the first favourite has probability 0.5: under the threshold, every step is one token
+    masks = []
+    def record(module, args, kwargs):  # the loop's one-token verifications (the oracle's calls have no cache)
+        if kwargs.get("cache") is not None and kwargs["input_ids"].shape[1] == 1:
+            masks.append(kwargs.get("attention_mask"))
+
+    hook = target.register_forward_pre_hook(record, with_kwargs=True)
+    out = greedy(target, ids, mask, drafter=drafter, draft_tree_size=6, assistant_confidence_threshold=0.6)
+    assert torch.equal(out, plain)
+    assert len(masks) == 12 and all(m is not None and m.dim() == 4 for m in masks)
+    masks.clear()
+    greedy(target, ids, mask, drafter=drafter, draft_tree_size=0, assistant_confidence_threshold=0.6)
+    assert len(masks) == 12 and all(m is None or m.dim() == 2 for m in masks)  # the chain's: as before
+    hook.remove()
+
+
 @pytest.mark.parametrize("where", ["argument", "generation_config", "drafter_config"])
 def test_where_the_tree_size_comes_from(where, tree_oracle):
     target = make_target("llama")
