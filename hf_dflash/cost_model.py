@@ -199,8 +199,9 @@ def time_forwards(
     """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
     verifies: hidden states and logits at every position; a chain with the causal mask (no padding), a tree
     (`tree=True`) with a tree attention mask of k slots (`hf_dflash.tree.tree_attention_mask`, whose cost depends on
-    its size, not its shape; at k = 1 only where the loop's one-token steps carry one, `mask_one_token`). The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift
-    (another job, clocks) reaches all of them alike; the median of each. On the target's device and dtype; random
+    its size, not its shape; at k = 1 only where the loop's one-token steps carry one, `mask_one_token`). The sizes
+    take turns, `repeats` rounds after one warm-up round, so a machine's drift (another job, clocks) reaches all of
+    them alike; the median of each. On the target's device and dtype; random
     token ids. `progress`: a progress bar's description (None: no bar)."""
     sizes = sorted(set(sizes))
     device = execution_device(target)

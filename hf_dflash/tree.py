@@ -142,8 +142,8 @@ def mask_one_token(device) -> bool:
     """Whether a one-token verification in tree mode takes a 4-D mask (`tree_attention_mask`) rather than none. On a
     CPU, SDPA's kernel for a single query without a mask is slow in bfloat16 (SmolLM2-135M, one thread, 320 cached
     tokens: 56 ms against 48.5 with a mask at batch 1, 88 against 57 at batch 4; float32 the same either way), and
-    "auto" times its curve the same way (`hf_dflash.cost_model.time_forwards`). On a GPU the maskless one-query
-    kernel is the fast one."""
+    "auto" times its curve the same way (`hf_dflash.cost_model.time_forwards`). Elsewhere one-token steps keep the
+    maskless path, the one GPU kernels are tuned for (not measured here)."""
     return torch.device(device).type == "cpu"
 
 
