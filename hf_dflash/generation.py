@@ -300,7 +300,7 @@ class _Decoder:
             head = None if self.draft_head is None else self.draft_head[0]
             if head is not None and head.weight.data_ptr() != _stored_weight(self.head).data_ptr():
                 pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
-        self.tree_size, self.costs, self.calibration, self.mask_one_token = 0, None, None, False
+        self.tree_size, self.costs, self.calibration = 0, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
             if tree_size == "auto":
@@ -308,9 +308,9 @@ class _Decoder:
                 tree_size = self.costs.curve.max_tokens - 1  # the largest verification the curve covers
                 self.calibration = NodeCalibration(self.block_size - 1)
             self.tree_size = tree_size
-            self.mask_one_token = mask_one_token(device)
             draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].out_features
             self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
+        self.mask_one_token = bool(self.tree_size) and mask_one_token(device)
 
     # --- target -------------------------------------------------------------------------------------------
     def target_forward(self, input_ids, attention_mask, position_ids, **kwargs):
