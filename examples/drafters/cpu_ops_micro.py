@@ -5,6 +5,8 @@
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py replay     # the drafter's in-loop call, replayed hot
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py forward    # the target's forward, no_grad / inference
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py head       # the draft head's product, in / out of cache
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py head-vocab # the head + softmax + top-k per vocabulary
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py one-token-mask  # a one-token forward with / without a mask
     python examples/drafters/cpu_ops_micro.py one-layer DIR                # G cut to its first layer, for --oracle
 """
 import functools, sys, time, torch
@@ -12,10 +14,11 @@ from torch.nn import functional as F
 from transformers import AutoModel, DynamicCache
 import hf_dflash
 from hf_dflash.bench import _encode, _stop_ids, chat_inputs, load_prompt_set
-from hf_dflash.cpu_ops import argmax
+from hf_dflash.cpu_ops import argmax, pack_linears
 from hf_dflash.generation import dflash_decode
 from hf_dflash.oracle import OracleDecoder, OracleDrafts
 from hf_dflash.packaged import load_packaged
+from hf_dflash.tree import DraftTree, tree_attention_mask
 
 G = "examples/drafters/smollm2-135m-instruct-dflash"
 torch.set_num_threads(1)
@@ -92,6 +95,35 @@ elif what == "head":  # G's draft head: 8,192 rows of the target's head, 15 draf
         calls = {"W @ h.T": lambda: w @ h.T, "h @ W.T": lambda: h @ w.T,
                  "packed": lambda: torch.ops.mkldnn._linear_pointwise(h, packed, None, "none", [], "")}
         in_and_out_of_cache(rows, calls, repeats=21)
+
+elif what == "head-vocab":  # what a wider draft vocabulary costs a step: "auto"'s head, softmax and top-k, packed
+    for dtype in (torch.bfloat16, torch.float32):
+        for vocab in (8192, 16384, 32768):
+            head = pack_linears(torch.nn.Linear(576, vocab, bias=False, dtype=dtype))
+            for rows in (7, 15):  # block 8 and block 16's draft positions
+                h = torch.randn(1, rows, 576, dtype=dtype)
+                call = lambda: head(h).float().softmax(-1).topk(16, dim=-1)
+                in_and_out_of_cache((str(dtype)[6:], vocab, rows), {"head + softmax + top-16": call}, repeats=21)
+
+elif what == "one-token-mask":  # SDPA's one-query CPU kernel without a mask (`hf_dflash.tree.mask_one_token`)
+    for dtype in (torch.bfloat16, torch.float32):
+        target, tok = load_packaged(dtype=dtype)
+        for batch in (1, 4):
+            cache = DynamicCache(config=target.config)
+            target(input_ids=torch.randint(0, 1000, (batch, 320)), cache=cache)  # a 320-token context
+            valid = torch.ones(batch, 320, dtype=torch.bool)
+            one, two = torch.randint(0, 1000, (batch, 1)), torch.randint(0, 1000, (batch, 2))
+            mask = tree_attention_mask(DraftTree.chain(one), valid, cache, dtype)
+            calls = {"1 token, no mask": (one, None), "1 token, 4-D mask": (one, mask), "2 tokens, no mask": (two, None)}
+            times = {name: [] for name in calls}
+            for _ in range(12):  # in turns, so that the machine's drift reaches every call alike
+                for name, (ids, attention_mask) in calls.items():
+                    began = time.perf_counter()
+                    with torch.inference_mode():
+                        target(input_ids=ids, attention_mask=attention_mask, cache=cache)
+                    times[name].append(time.perf_counter() - began)
+                    cache.crop(-ids.shape[1])
+            print(str(dtype)[6:], "batch", batch, {name: round(median_ms(t), 1) for name, t in times.items()}, "ms")
 
 elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, repeated 50 times in that state
     target, tok = load_packaged(dtype=torch.bfloat16)
