@@ -15,6 +15,7 @@ import time
 import typing
 from pathlib import Path
 
+from .bigram import DEFAULTS as BIGRAM_DEFAULTS
 from .packaged import SMOLLM2_ID
 
 # Written for the demo: none is in the shipped drafter's training data (GSM8K train, ShareGPT) or a benchmark set.
@@ -156,6 +157,37 @@ def train_cmd(args) -> int:
     config = TrainingConfig(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
     train(config)
     print(f"saved the drafter to {config.output}")
+    return 0
+
+
+def bigram_prior_cmd(args) -> int:
+    import shutil
+    import tempfile
+
+    from .bigram import count_bigram_prior
+    from .data import load_samples
+    from .hub import REMOTE_CODE
+    from .modeling import DFlashDraftModel
+
+    drafter = DFlashDraftModel.from_pretrained(args.folder, dtype="auto")
+    samples, _ = load_samples(args.data, max_length=args.max_length)
+    settings = {"beta": args.beta, "mix": args.mix, "min_count": args.min_count}
+    keys, boosts = count_bigram_prior(samples, drafter.config.vocab_size, drafter.draft_vocab, **settings)
+    drafter.set_bigram_prior(keys, boosts, **settings)
+    output = Path(args.output or args.folder)
+    output.mkdir(parents=True, exist_ok=True)
+    # written beside, then moved in: an interrupted run leaves the folder's drafter whole
+    with tempfile.TemporaryDirectory(dir=output) as tmp:
+        drafter.save_pretrained(tmp)
+        for name in ("model.safetensors", "config.json", *REMOTE_CODE):  # not README.md: the card stays
+            if Path(tmp, name).exists():
+                Path(tmp, name).chmod(0o644)
+                Path(tmp, name).replace(output / name)
+    if output != Path(args.folder):
+        for extra in Path(args.folder).iterdir():  # the card, training record, bench files
+            if not (output / extra.name).exists():
+                (shutil.copytree if extra.is_dir() else shutil.copy2)(extra, output / extra.name)
+    print(f"wrote a bigram prior of {keys.numel()} pairs from {len(samples)} samples into {output}")
     return 0
 
 
@@ -382,6 +414,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default="bench_out")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     p.set_defaults(func=bench_cmd)
+
+    p = sub.add_parser("bigram-prior",
+                       help="count a drafter's bigram prior from its training data (hf_dflash.bigram)")
+    p.add_argument("folder", help="a saved drafter folder")
+    p.add_argument("--data", required=True, help="the prepared JSONL it was trained on (hf-dflash prepare-data)")
+    p.add_argument("--output", help="write the drafter with its prior here (default: into FOLDER)")
+    p.add_argument("--max-length", type=int, default=None, help="count only the first N tokens of each sample")
+    p.add_argument("--beta", type=float, default=BIGRAM_DEFAULTS["beta"], help="strength of the prior (0: none)")
+    p.add_argument("--mix", type=float, default=BIGRAM_DEFAULTS["mix"],
+                   help="weight of the bigram against the unigram")
+    p.add_argument("--min-count", type=int, default=BIGRAM_DEFAULTS["min_count"],
+                   help="pairs seen fewer times are left out")
+    p.set_defaults(func=bigram_prior_cmd)
 
     p = sub.add_parser("card", help="render (or refresh) the README.md model card of a saved drafter folder")
     p.add_argument("folder")

@@ -38,6 +38,7 @@ from transformers.generation import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .bigram import conditional_chain, conditional_probs
 from .cpu_ops import argmax, pack_linears
 from .cost_model import LoopCosts, NodeCalibration, choose_tree_size, load_forward_costs, now
 from .devices import without_cudnn_attention
@@ -300,6 +301,9 @@ class _Decoder:
             head = None if self.draft_head is None else self.draft_head[0]
             if head is not None and head.weight.data_ptr() != _stored_weight(self.head).data_ptr():
                 pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
+        head = self.head if self.draft_head is None else self.draft_head[0]
+        self.draft_vocab_size = head.weight.shape[0]
+        self.prior = drafter.bigram_prior  # (keys, boosts, vocab size): buffers, on the drafter's device
         self.tree_size, self.costs, self.calibration = 0, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
@@ -308,8 +312,7 @@ class _Decoder:
                 tree_size = self.costs.curve.max_tokens - 1  # the largest verification the curve covers
                 self.calibration = NodeCalibration(self.block_size - 1)
             self.tree_size = tree_size
-            draft_vocab = self.head.weight.shape[0] if self.draft_head is None else self.draft_head[0].out_features
-            self.top_k = min(tree_size, draft_vocab)  # candidates per position: no tree uses more
+            self.top_k = min(tree_size, self.draft_vocab_size)  # candidates per position: no tree uses more
         self.mask_one_token = bool(self.tree_size) and mask_one_token(device)
 
     # --- target -------------------------------------------------------------------------------------------
@@ -349,7 +352,10 @@ class _Decoder:
             return no_drafts
         if self.tree_size:
             return self.propose_tree(newest, verify_len) or no_drafts
-        drafts, confidence = self.drafter_propose(newest, verify_len)
+        if self.prior is not None:
+            drafts, confidence = self.prior_chain(newest, verify_len)
+        else:
+            drafts, confidence = self.drafter_propose(newest, verify_len)
         # All or nothing: cutting the block at a later unsure draft saves little (verifying 2-3 tokens costs about
         # as much as 4 on a CPU, the same on a GPU); a one-token step costs much less where a block is expensive.
         if self.threshold and bool((confidence < self.threshold).all()):
@@ -360,7 +366,9 @@ class _Decoder:
         """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold, or
         "auto" finding that no tree pays)."""
         ids, probs = self.drafter_candidates(newest, verify_len, self.top_k)
-        if self.threshold and bool((probs[:, 0, 0] < self.threshold).all()):
+        if self.prior is not None:  # [rows, D, k, k]: each parent's children
+            probs = conditional_probs(newest, ids, probs, self.prior)
+        if self.threshold and bool((probs[:, 0, 0].reshape(len(ids), -1).amax(-1) < self.threshold).all()):
             return None
         tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
         if self.costs is None:
@@ -376,6 +384,13 @@ class _Decoder:
             return self.drafter.draft_tokens(hidden, self.head, self.draft_head), None
         drafts, confidence = self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True)
         return drafts, confidence[:, 0]
+
+    def prior_chain(self, newest: torch.LongTensor, verify_len: int) -> tuple:
+        """`drafter_propose` with the drafter's bigram prior: each position's best candidate (of its 8 most likely,
+        where the prior's gain was measured) under the draft before it."""
+        ids, probs = self.drafter_candidates(newest, verify_len, min(8, self.draft_vocab_size))
+        probs = conditional_probs(newest, ids, probs, self.prior)
+        return conditional_chain(ids, probs)
 
     def drafter_candidates(self, newest: torch.LongTensor, verify_len: int, k: int) -> tuple:
         """The drafter's k most likely tokens for each draft position and their probabilities, most likely first:

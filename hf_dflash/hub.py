@@ -56,6 +56,9 @@ def render_model_card(config: dict, repo_id: str | None = None, training: dict |
         else f"the full vocabulary ({config.get('vocab_size', '?'):,} tokens)",
         num_parameters=f"{num_parameters:,}" if num_parameters else "see model.safetensors",
         draft_tree=_draft_tree(block.get("draft_tree_size")),
+        bigram_prior=(f"{block['bigram_prior']['entries']:,} token pairs of the training responses (hf-dflash "
+                      "extension: drafts conditioned on their parent token; other readers ignore it)")
+        if block.get("bigram_prior") else "none",
         training_text=_table(training) if training else "Not recorded.",
         results_text=_results(results) if results else "Not measured yet.",
     )
@@ -103,6 +106,8 @@ def _num_parameters(weights: Path) -> int | None:
     count = 0
     with safe_open(str(weights), "pt") as f:
         for key in f.keys():
+            if key in ("draft_vocab", "bigram_keys", "bigram_boosts"):  # the hf-dflash extensions' buffers
+                continue
             numel = 1
             for dim in f.get_slice(key).get_shape():
                 numel *= dim

@@ -53,33 +53,41 @@ def build_tree(root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tenso
     """The best-first tree of at most `budget` draft nodes under each row's `root` token.
 
     `ids`, `probs` [rows, D, k]: the drafter's k most likely tokens for block positions 1..D and their probabilities,
-    most likely first. Every node at depth d has the same k candidate children (the drafter's distribution at
+    most likely first. Every node at depth d then has the same k candidate children (the drafter's distribution at
     position d + 1 does not depend on the path), so from a node the next best candidates are its first child and its
-    next sibling: a heap over those yields the nodes in non-increasing score order. The chain of argmaxes is the
-    best path, so a tree holds the chain's first nodes.
+    next sibling: a heap over those yields the nodes in non-increasing score order, and the tree holds the chain of
+    argmaxes' first nodes. `probs` [rows, D, k, k] instead: the children's probabilities under their parent
+    (`hf_dflash.bigram.conditional_probs`; [r, d, j] under candidate j of position d), each parent ranking its
+    children by its own row.
     """
     rows, depth, k = ids.shape
-    p = probs.double().tolist()  # a few hundred floats: the heap runs in Python
+    conditional = probs.dim() == 4
+    # p[r][d][j]: position d's candidates, best first, under candidate j of position d - 1 (j = 0 unconditional)
+    order = probs.sort(dim=-1, descending=True, stable=True).indices if conditional else None
+    p = (probs.gather(-1, order) if conditional else probs[:, :, None]).double().tolist()  # the heap runs in Python
+    order = order.tolist() if conditional else None
     size = min(budget, sum(k**d for d in range(1, depth + 1)))  # the same for every row
-    nodes = []  # per row, in slot order: (depth - 1, rank, parent slot)
+    nodes = []  # per row, in slot order: (depth - 1, candidate index, parent slot)
     scores = []  # per row, in slot order: the path probability
     for r in range(rows):
         row_nodes, row_scores = [], [1.0]  # row_scores[slot]; the root is slot 0
-        heap = [(-p[r][0][0], 0, 0, 0)]  # (-score, depth - 1, rank, parent slot)
+        heap = [(-p[r][0][0][0], 0, 0, 0, 0)]  # (-score, depth - 1, rank under the parent, parent slot, its index)
         while len(row_nodes) < size:
-            negative, d, rank, parent = heapq.heappop(heap)
-            row_nodes.append((d, rank, parent))
+            negative, d, rank, parent, j = heapq.heappop(heap)
+            index = order[r][d][j][rank] if conditional else rank
+            row_nodes.append((d, index, parent))
             row_scores.append(-negative)
             if rank + 1 < k:  # its next sibling
-                heapq.heappush(heap, (-row_scores[parent] * p[r][d][rank + 1], d, rank + 1, parent))
+                heapq.heappush(heap, (-row_scores[parent] * p[r][d][j][rank + 1], d, rank + 1, parent, j))
             if d + 1 < depth:  # its first child
-                heapq.heappush(heap, (negative * p[r][d + 1][0], d + 1, 0, len(row_nodes)))
+                child_row = index if conditional else 0
+                heapq.heappush(heap, (negative * p[r][d + 1][child_row][0], d + 1, 0, len(row_nodes), child_row))
         nodes.append(row_nodes)
         scores.append(row_scores[1:])
     device = ids.device
     # [rows, size, 3], also for size == 0
     index = torch.tensor(nodes, dtype=torch.long, device=device).view(rows, size, 3)
-    position, rank, parent = index.unbind(-1)  # position: depth - 1, the index into `ids`
+    position, rank, parent = index.unbind(-1)  # position: depth - 1; rank: the candidate's index into `ids`
     tokens = ids[torch.arange(rows, device=device)[:, None], position, rank]  # [rows, size]
     return DraftTree(
         tokens=torch.cat([root.to(device)[:, None], tokens], dim=1),

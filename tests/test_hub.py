@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from conftest import left_padded, make_drafter, make_target
@@ -40,6 +41,7 @@ def test_save_pretrained_writes_a_hub_ready_folder(tmp_path):
 
 def test_card_records_target_training_and_results(tmp_path):
     drafter = make_drafter(make_target("qwen3"))
+    drafter.set_bigram_prior(torch.tensor([3, 7]), torch.tensor([2.0, 5.0]))
     drafter.save_pretrained(tmp_path)
     (tmp_path / "training_args.json").write_text(json.dumps({"target": "org/base-model", "block_size": 4, "steps": 9}))
     results = tmp_path / "bench.json"
@@ -48,6 +50,7 @@ def test_card_records_target_training_and_results(tmp_path):
     card = (tmp_path / "README.md").read_text()
     assert card_metadata(tmp_path / "README.md")["base_model"] == "org/base-model"
     assert "me/my-drafter" in card and "| gsm8k | 3.10 |" in card and "| steps | `9` |" in card
+    assert "| bigram prior | 2 token pairs" in card
     assert "{{" not in card
 
 

@@ -70,7 +70,7 @@ def test_shipped_drafter_is_hub_ready():
         assert (SHIPPED / name).read_text() == (SHIPPED.parents[2] / "modeling" / name).read_text(), name
     with safe_open(str(SHIPPED / "model.safetensors"), "pt") as f:
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
-    assert dtypes == {"BF16", "I64"}  # bf16 weights, plus the int64 draft vocabulary
+    assert dtypes == {"BF16", "I64"}  # bf16 weights and bigram boosts, plus the int64 draft vocabulary and pair keys
     config = json.loads((SHIPPED / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"]
     card = (SHIPPED / "README.md").read_text()

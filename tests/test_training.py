@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import MASK, make_drafter, make_target, make_tokenizer
 from hf_dflash import DFlashDraftModel
+from hf_dflash.bigram import count_bigram_prior
 from hf_dflash.training import (
     TrainingConfig,
     build_batch,
@@ -236,8 +237,10 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     torch.manual_seed(0)  # the CLI's initialisation, to measure how far training moved the weights
     start = DFlashDraftModel.from_target(AutoModelForCausalLM.from_pretrained(tmp_path / "target"), 1, 4, 47).state_dict()
-    moved = sum((a[k] - start[k]).norm() ** 2 for k in a) ** 0.5
-    apart = sum((a[k] - b[k]).norm() ** 2 for k in a) ** 0.5
+    weights = [k for k in a if k in start]  # not the bigram prior's tensors, counted alike by both runs
+    assert torch.equal(a["bigram_keys"], b["bigram_keys"]) and torch.equal(a["bigram_boosts"], b["bigram_boosts"])
+    moved = sum((a[k] - start[k]).norm() ** 2 for k in weights) ** 0.5
+    apart = sum((a[k] - b[k]).norm() ** 2 for k in weights) ** 0.5
     # Adam turns float-summation noise in near-zero gradients into +-lr steps, so the runs are close, not equal
     assert apart < 0.05 * moved, (float(apart), float(moved))
 
@@ -291,6 +294,37 @@ def test_draft_vocab_size_saves_the_most_frequent_response_tokens(tmp_path):
     left_out = torch.ones(48, dtype=torch.bool)
     left_out[saved.draft_vocab] = False
     assert counts[left_out].max() <= counts[saved.draft_vocab].min()
+    # the bigram prior of the same responses, over the draft vocabulary, counted into the saved drafter
+    keys, boosts = count_bigram_prior(samples, 48, saved.draft_vocab)
+    assert keys.numel() > 0 and torch.equal(saved.bigram_prior[0], keys)
+    torch.testing.assert_close(saved.bigram_prior[1], boosts)
+    train(TrainingConfig(**{**config.__dict__, "output": str(tmp_path / "bare"), "bigram_prior": False}),
+          target=target, tokenizer=make_tokenizer(48))
+    assert DFlashDraftModel.from_pretrained(tmp_path / "bare").bigram_prior is None
+
+
+def test_bigram_prior_command_adds_the_prior_and_keeps_the_folder(tmp_path):
+    from hf_dflash.cli import main
+    from hf_dflash.data import load_samples
+
+    target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
+    tiny_data(target, tmp_path / "data.jsonl", n=8)
+    make_drafter(target, block_size=4, mask_token_id=47).save_pretrained(tmp_path / "d")
+    (tmp_path / "d" / "README.md").write_text("my card")
+    weights = (tmp_path / "d" / "model.safetensors").read_bytes()
+    assert main(["bigram-prior", str(tmp_path / "d"), "--data", str(tmp_path / "data.jsonl"), "--output",
+                 str(tmp_path / "out"), "--min-count", "1"]) == 0
+    assert (tmp_path / "d" / "model.safetensors").read_bytes() == weights  # the source is left as it was
+    assert DFlashDraftModel.from_pretrained(tmp_path / "d").bigram_prior is None
+    samples, _ = load_samples(tmp_path / "data.jsonl")
+    keys, _ = count_bigram_prior(samples, 48, min_count=1)
+    written = DFlashDraftModel.from_pretrained(tmp_path / "out")
+    assert torch.equal(written.bigram_prior[0], keys)
+    assert written.config.dflash_config["bigram_prior"]["min_count"] == 1
+    assert (tmp_path / "out" / "README.md").read_text() == "my card"
+    main(["bigram-prior", str(tmp_path / "d"), "--data", str(tmp_path / "data.jsonl")])  # in place
+    assert DFlashDraftModel.from_pretrained(tmp_path / "d").bigram_prior is not None
+    assert (tmp_path / "d" / "README.md").read_text() == "my card"
 
 
 def test_init_from_a_drafter_folder_or_a_checkpoint(tmp_path):
@@ -307,9 +341,9 @@ def test_init_from_a_drafter_folder_or_a_checkpoint(tmp_path):
         fresh = make_drafter(target, block_size=4, mask_token_id=47, seed=5)
         load_drafter_weights(fresh, str(source))
         for name, tensor in first.state_dict().items():
-            if name != "draft_vocab":
+            if name not in ("draft_vocab", "bigram_keys", "bigram_boosts"):
                 torch.testing.assert_close(fresh.state_dict()[name], tensor, msg=f"{name} from {source}")
-        assert fresh.draft_vocab is None  # a run sets its own draft vocabulary
+        assert fresh.draft_vocab is None and fresh.bigram_prior is None  # a run sets its own
 
     # a second run starts where the first ended: its first logged loss is the first run's level, not random init's
     second = TrainingConfig(**{**config.__dict__, "output": str(tmp_path / "second"), "init_from": str(tmp_path / "first"),

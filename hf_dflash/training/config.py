@@ -47,6 +47,9 @@ class TrainingConfig:
     # hf-dflash extension: draft only the N most frequent response tokens of the data, and score only those rows in
     # the loss (a label outside them is masked: the drafter can never propose it). On SmolLM2, 8K of 49K rows.
     draft_vocab_size: int | None = None
+    # hf-dflash extension: the bigram prior of the training responses, counted into the saved drafter
+    # (`hf_dflash.bigram`): drafts conditioned on their parent token, +1-7 % acceptance on SmolLM2 at no training cost.
+    bigram_prior: bool = True
     # dpace: cross-entropy weighted by the drafter's own per-slot confidence (D-PACE): measured best at a small budget
     # (1024 SmolLM2 samples, 1500 steps: acceptance 1.45 vs 1.38 for the paper's ce and 1.34 for lk; README).
     # ce: the paper's weighted cross-entropy; lk: the target's distribution (needs a store with --target-topk).
@@ -95,6 +98,8 @@ FIELD_HELP = {
     "target_device_map": "device_map of the target, e.g. auto to spread it over several devices",
     "init_from": "start from another drafter's weights: drafter folder, Hub id, checkpoint folder or .safetensors",
     "draft_vocab_size": "draft and score only the N most frequent response tokens (cheaper drafting and loss)",
+    "bigram_prior": "count the training responses' bigram prior into the saved drafter (drafts conditioned on their "
+    "parent token; --no-bigram-prior leaves it out)",
     "loss": "dpace (default: confidence-weighted slots, measured best), ce (the paper's) or lk (against the target's "
     "distribution; needs a store with --target-topk)",
     "dpace_alpha": "D-PACE confidence smoothing",

@@ -23,6 +23,8 @@ import torch
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
+from ..bigram import DEFAULTS as BIGRAM_DEFAULTS
+from ..bigram import count_bigram_prior
 from ..data import frequent_tokens, load_samples
 from ..devices import native_bf16
 from ..modeling import DFlashDraftModel
@@ -172,6 +174,9 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         raw_drafter.eval()
+        if config.bigram_prior:  # counted at the end: no checkpoint holds it, so a resumed run never needs it
+            prior = count_bigram_prior(samples, raw_drafter.config.vocab_size, raw_drafter.draft_vocab)
+            raw_drafter.set_bigram_prior(*prior, **BIGRAM_DEFAULTS)
         raw_drafter.save_pretrained(output)
         summary = {"samples": len(samples), "dropped_short": dropped, "steps": max_steps, "global_batch": global_batch,
                    "processes": world, "train_seconds": round(time.perf_counter() - began, 1)}
@@ -245,7 +250,7 @@ class _Window:
 def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
     """Copy the weights of another drafter of the same shape into `drafter`: `source` is a saved drafter folder, a
     training checkpoint folder (`checkpoints/checkpoint-N`), a `.safetensors` file or a Hub id. Its draft
-    vocabulary is not copied (a run sets its own with `draft_vocab_size`)."""
+    vocabulary and bigram prior are not copied (a run sets its own: `draft_vocab_size`, `bigram_prior`)."""
     path = Path(source)
     if path.is_dir():
         path = path / "model.safetensors"
@@ -256,7 +261,8 @@ def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"init_from={source!r}: no model.safetensors there.")
     state = load_file(str(path))
-    state.pop("draft_vocab", None)
+    for name in ("draft_vocab", "bigram_keys", "bigram_boosts"):  # the run sets its own
+        state.pop(name, None)
     try:
         result = drafter.load_state_dict(state, strict=False)  # raises on a shape mismatch
         bad = result.missing_keys + result.unexpected_keys

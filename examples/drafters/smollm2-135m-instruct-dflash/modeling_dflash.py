@@ -137,6 +137,10 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         # only these rows of the lm_head makes drafting cheaper; verification, hence the output, is unchanged.
         size = (config.dflash_config or {}).get("draft_vocab_size")
         self.register_buffer("draft_vocab", torch.arange(int(size)) if size else None, persistent=True)
+        # hf-dflash extension: the bigram prior that conditions drafts on their parent token (`hf_dflash.bigram`)
+        entries = int(((config.dflash_config or {}).get("bigram_prior") or {}).get("entries") or 0)
+        self.register_buffer("bigram_keys", torch.zeros(entries, dtype=torch.long) if entries else None)
+        self.register_buffer("bigram_boosts", torch.ones(entries) if entries else None)
         self._draft_head_cache = None  # (state, head) of the last `draft_head` gather
         self.post_init()
 
@@ -312,6 +316,26 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             )
         self.draft_vocab = ids.to(self.fc.weight.device)
         self.config.dflash_config["draft_vocab_size"] = int(ids.numel())
+
+    @property
+    def bigram_prior(self) -> tuple | None:
+        """`(keys, boosts, vocab_size)` of the drafter's bigram prior (`hf_dflash.bigram`; a key is parent *
+        vocab_size + child), or None."""
+        return None if self.bigram_keys is None else (self.bigram_keys, self.bigram_boosts, self.config.vocab_size)
+
+    def set_bigram_prior(self, keys, boosts, **settings) -> None:
+        """Set the bigram prior (`hf_dflash.bigram.count_bigram_prior`'s keys and boosts; `settings`, how it was
+        counted, are recorded in the config), or remove it with `None, None`. Saved with the model."""
+        if keys is None:
+            self.bigram_keys = self.bigram_boosts = None
+            self.config.dflash_config.pop("bigram_prior", None)
+            return
+        keys, boosts = torch.as_tensor(keys, dtype=torch.long), torch.as_tensor(boosts)
+        if keys.shape != boosts.shape or keys.dim() != 1 or not bool((keys[1:] > keys[:-1]).all()):
+            raise ValueError("bigram prior: keys and boosts must be 1-D, of one length, keys strictly increasing.")
+        weight = self.fc.weight  # the boosts in the weights' dtype: a bfloat16 drafter keeps 3 digits of each
+        self.bigram_keys, self.bigram_boosts = keys.to(weight.device), boosts.to(weight.device, weight.dtype)
+        self.config.dflash_config["bigram_prior"] = {"entries": int(keys.numel()), **settings}
 
     def draft_head(self, output_head: nn.Module) -> tuple | None:
         """`(head, token_ids)`: an `nn.Linear` over the rows of the target's head that the drafter scores (the
