@@ -1,5 +1,6 @@
 """`hf_dflash.bench.benchmark` and `hf-dflash bench` on a tiny target: consistent numbers, outputs written."""
 
+import copy
 import json
 import time
 
@@ -10,6 +11,7 @@ from hf_dflash.bench import benchmark, load_prompt_set, write_outputs
 from hf_dflash.data import Prompt
 
 from conftest import ForwardCounter, make_drafter, make_target, make_tokenizer
+from test_bigram import with_prior
 
 
 @pytest.fixture(scope="module")
@@ -279,8 +281,11 @@ def _oracle_checks(run):
     assert o["calls_ratio"] == pytest.approx(decode * forwards[1] / forwards[0])
 
 
-def test_oracle_drafts_are_all_right(setup):
+@pytest.mark.parametrize("prior", [False, True])
+def test_oracle_drafts_are_all_right(setup, prior):
     target, drafter, tokenizer, prompts = setup
+    if prior:  # a bigram prior would rerank the oracle's drafts: the oracle leaves it out
+        drafter = with_prior(copy.deepcopy(drafter), target.config.vocab_size)
     results = benchmark(target, drafter, tokenizer, {"toy": prompts}, batch_sizes=(1, 2), block_sizes=[4, 3],
                         draft_tree_sizes=[0, 6], max_new_tokens=10, baselines=("plain",), warmup=0, progress=False,
                         oracle=True)
