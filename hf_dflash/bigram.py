@@ -48,7 +48,8 @@ def count_bigram_prior(
         kept = mask[1:]
         parents.append(ids[:-1][kept])
         children.append(ids[1:][kept])
-    parents, children = torch.cat(parents), torch.cat(children)
+    none = [torch.zeros(0, dtype=torch.long)]  # no samples at all
+    parents, children = torch.cat(parents or none), torch.cat(children or none)
     if children.numel() == 0:
         raise ValueError("bigram prior: the samples hold no supervised tokens to count.")
     child_counts = torch.bincount(children, minlength=vocab_size).double()

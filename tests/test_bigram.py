@@ -38,8 +38,9 @@ def test_count_bigram_prior_by_hand():
 def test_count_bigram_prior_bad_input():
     with pytest.raises(ValueError, match="0 < mix < 1"):
         count_bigram_prior(SAMPLES, vocab_size=8, mix=1.0)
-    with pytest.raises(ValueError, match="no supervised tokens"):
-        count_bigram_prior([([1, 2, 3], [0, 0, 0])], vocab_size=8)
+    for samples in ([([1, 2, 3], [0, 0, 0])], []):
+        with pytest.raises(ValueError, match="no supervised tokens"):
+            count_bigram_prior(samples, vocab_size=8)
 
 
 def test_lookup_broadcasts_and_defaults_to_one():
