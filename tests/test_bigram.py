@@ -163,3 +163,21 @@ def test_prior_samples_the_target_distribution(small_target, small_drafter):  # 
             assert g < threshold
     finally:
         small_drafter.set_bigram_prior(None, None)
+
+
+def test_the_reference_implementation_loads_a_drafter_with_a_prior(tmp_path):
+    """Other readers skip the extension's tensors: the reference package's class loads the same weights."""
+    from dflash.model import DFlashDraftModel as ReferenceDraftModel
+
+    target = make_target()
+    drafter = with_prior(make_drafter(target), target.config.vocab_size)
+    drafter.save_pretrained(tmp_path)
+    reference = ReferenceDraftModel.from_pretrained(tmp_path, dtype=torch.float64)
+    theirs, compared = reference.state_dict(), 0
+    for name, tensor in drafter.state_dict().items():
+        if name in ("bigram_keys", "bigram_boosts"):
+            assert name not in theirs
+        elif name in theirs:
+            torch.testing.assert_close(theirs[name], tensor.to(theirs[name].dtype))
+            compared += 1
+    assert compared == len(dict(drafter.named_parameters()))  # every weight
