@@ -367,7 +367,7 @@ class _Decoder:
         "auto" finding that no tree pays)."""
         ids, probs = self.drafter_candidates(newest, verify_len, self.top_k)
         if self.prior is not None:  # [rows, D, k, k]: each parent's children
-            probs = conditional_probs(newest, ids, probs, self.prior)
+            probs = conditional_probs(ids, probs, self.prior)
         if self.threshold and bool((probs[:, 0, 0].reshape(len(ids), -1).amax(-1) < self.threshold).all()):
             return None
         tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
@@ -389,8 +389,7 @@ class _Decoder:
         """`drafter_propose` with the drafter's bigram prior: each position's best candidate (of its 8 most likely,
         where the prior's gain was measured) under the draft before it."""
         ids, probs = self.drafter_candidates(newest, verify_len, min(8, self.draft_vocab_size))
-        probs = conditional_probs(newest, ids, probs, self.prior)
-        return conditional_chain(ids, probs)
+        return conditional_chain(ids, conditional_probs(ids, probs, self.prior))
 
     def drafter_candidates(self, newest: torch.LongTensor, verify_len: int, k: int) -> tuple:
         """The drafter's k most likely tokens for each draft position and their probabilities, most likely first:

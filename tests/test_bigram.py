@@ -52,19 +52,20 @@ def test_lookup_broadcasts_and_defaults_to_one():
 
 
 def test_conditional_probs_rank_children_under_their_parent():
-    # position 1: candidates 10 (.6), 11 (.3); position 2: 20 (.5), 21 (.4); the prior favours 11 -> 21 and 7 -> 11
+    # position 1: 10 (.6), 11 (.3); position 2: 20 (.5), 21 (.4). The prior favours 21 after 10, and 11 after the
+    # newest token 7, which the drafter reads itself: the first position keeps the drafter's own probabilities.
     ids = torch.tensor([[[10, 11], [20, 21]]])
     probs = torch.tensor([[[0.6, 0.3], [0.5, 0.4]]])
-    prior = (torch.tensor([7 * 100 + 11, 11 * 100 + 21]), torch.tensor([3.0, 4.0]), 100)
-    cp = conditional_probs(torch.tensor([7]), ids, probs, prior)
+    prior = (torch.tensor([7 * 100 + 11, 10 * 100 + 21]), torch.tensor([1000.0, 4.0]), 100)
+    cp = conditional_probs(ids, probs, prior)
     assert cp.shape == (1, 2, 2, 2)
     torch.testing.assert_close(cp.sum(-1), probs.sum(-1)[..., None].expand(1, 2, 2))  # the drafter's mass kept
-    torch.testing.assert_close(cp[0, 0, 0], torch.tensor([0.6, 0.9]) * 0.9 / 1.5)  # under the root 7, any row
-    torch.testing.assert_close(cp[0, 1, 0], probs[0, 1])  # under 10: nothing known, the drafter's own
-    torch.testing.assert_close(cp[0, 1, 1], torch.tensor([0.5, 1.6]) * 0.9 / 2.1)  # under 11
+    torch.testing.assert_close(cp[0, 0], probs[0, 0].expand(2, 2))  # the first position: the drafter's own
+    torch.testing.assert_close(cp[0, 1, 0], torch.tensor([0.5, 1.6]) * 0.9 / 2.1)  # under 10
+    torch.testing.assert_close(cp[0, 1, 1], probs[0, 1])  # under 11: nothing known, the drafter's own
     drafts, first = conditional_chain(ids, cp)
-    assert drafts.tolist() == [[11, 21]]  # 11 beats 10 under the root, then 21 under 11
-    torch.testing.assert_close(first, torch.tensor([0.54]))
+    assert drafts.tolist() == [[10, 21]]  # the drafter's own chain is 10, 20
+    torch.testing.assert_close(first, torch.tensor([0.6]))
 
 
 def test_conditional_build_tree_is_best_first_over_all_paths():

@@ -88,13 +88,13 @@ def replay(args) -> None:
                 totals["chain", "drafter"] += accepted(DraftTree.chain(torch.cat([root, ids[0, :, 0]])[None]), truth)
                 k = min(8, ids.shape[-1])  # as `_Decoder.prior_chain`
                 i, p = ids[..., :k], probs[..., :k]
-                drafts, _ = conditional_chain(i, conditional_probs(root, i, p, prior))
+                drafts, _ = conditional_chain(i, conditional_probs(i, p, prior))
                 totals["chain", "prior"] += accepted(DraftTree.chain(torch.cat([root, drafts[0]])[None]), truth)
                 for size in args.sizes:
                     k = min(size, ids.shape[-1])  # as `generate`: k candidates per position for k nodes
                     i, p = ids[..., :k], probs[..., :k]
                     totals[size, "drafter"] += accepted(build_tree(root, i, p, size), truth)
-                    conditional = conditional_probs(root, i, p, prior)
+                    conditional = conditional_probs(i, p, prior)
                     totals[size, "prior"] += accepted(build_tree(root, i, conditional, size), truth)
         table[name] = {key: 1 + value / n_steps for key, value in totals.items()}
     keys = list(next(iter(table.values())))
