@@ -7,6 +7,7 @@
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py head       # the draft head's product, in / out of cache
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py head-vocab # the head + softmax + top-k per vocabulary
     OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py one-token-mask  # a one-token forward with / without a mask
+    OMP_NUM_THREADS=1 python examples/drafters/cpu_ops_micro.py prior      # the bigram prior's cost in building a tree
     python examples/drafters/cpu_ops_micro.py one-layer DIR                # G cut to its first layer, for --oracle
 """
 import functools, sys, time, torch
@@ -124,6 +125,25 @@ elif what == "one-token-mask":  # SDPA's one-query CPU kernel without a mask (`h
                     times[name].append(time.perf_counter() - began)
                     cache.crop(-ids.shape[1])
             print(str(dtype)[6:], "batch", batch, {name: round(median_ms(t), 1) for name, t in times.items()}, "ms")
+
+elif what == "prior":  # a step's tree with and without the shipped drafter's bigram prior, 8 / 16 / 31 candidates
+    from hf_dflash.bigram import conditional_probs
+    from hf_dflash.tree import build_tree
+
+    drafter = AutoModel.from_pretrained(G)
+    probs = torch.rand(1, 7, 8192, generator=torch.Generator().manual_seed(0)).softmax(-1)
+    for k in (8, 16, 31):  # a tree of k nodes from k candidates a position, as `generate` builds it ("auto": 31)
+        p, i = probs.topk(k, dim=-1)
+        ids, root = drafter.draft_vocab[i], drafter.draft_vocab[5:6]
+        calls = {"drafter": lambda: build_tree(root, ids, p, k),
+                 "prior": lambda: build_tree(root, ids, conditional_probs(ids, p, drafter.bigram_prior), k)}
+        times = {name: [] for name in calls}
+        for _ in range(60):
+            for name, call in calls.items():
+                began = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - began)
+        print(k, {name: round(median_ms(t), 3) for name, t in times.items()}, "ms")
 
 elif what == "replay":  # the drafter's call at a GSM8K oracle step, block 16, repeated 50 times in that state
     target, tok = load_packaged(dtype=torch.bfloat16)
