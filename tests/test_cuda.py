@@ -4,7 +4,9 @@ cost measurement must all live on the target's device. float64 where token equal
 import pytest
 import torch
 
-from conftest import left_padded, make_drafter, make_target
+from conftest import MASK, left_padded, make_drafter, make_target
+from hf_dflash.generation import _Decoder
+from test_bigram import with_prior
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -72,3 +74,29 @@ def test_the_loop_runs_without_cudnn_attention():
             handle.remove()
     assert len(seen) > 2 and not any(seen)
     assert torch.backends.cuda.cudnn_sdp_enabled()  # restored for the user's other work
+
+
+def test_bigram_prior_on_cuda_is_lossless_and_changes_the_drafts(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DFLASH_CACHE", str(tmp_path))
+    target, drafter = on_cuda("qwen3", block_size=5)
+    with_prior(drafter.cpu(), MASK + 1).to("cuda")  # the prior's buffers travel with the drafter
+    assert drafter.bigram_prior[0].device.type == "cuda"
+    ids, mask = left_padded(3)
+    plain = generate(target, ids, mask, do_sample=False)
+    proposals = {}
+    real = _Decoder.propose
+
+    def recording(self):
+        tree = real(self)
+        proposals.setdefault(self.prior is not None, []).append(tree.tokens.tolist())
+        return tree
+
+    monkeypatch.setattr(_Decoder, "propose", recording)
+    keys, boosts, _ = drafter.bigram_prior
+    for size in (0, 9, "auto"):
+        drafter.set_bigram_prior(None, None)
+        assert torch.equal(generate(target, ids, mask, do_sample=False, assistant_model=drafter, draft_tree_size=size), plain)
+        drafter.set_bigram_prior(keys, boosts, beta=1.0)
+        fast = generate(target, ids, mask, do_sample=False, assistant_model=drafter, draft_tree_size=size)
+        assert torch.equal(fast, plain), f"draft_tree_size={size}"
+    assert proposals[True] != proposals[False]
