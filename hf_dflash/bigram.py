@@ -80,8 +80,7 @@ def lookup(prior: tuple, parents: torch.LongTensor, children: torch.LongTensor) 
 
 def conditional_probs(ids: torch.LongTensor, probs: torch.Tensor, prior: tuple) -> torch.Tensor:
     """The drafter's candidates reweighted under each possible parent: [rows, D, k, k] from `ids`, `probs` [rows, D,
-    k] (most likely first; `DFlashDraftModel.draft_tokens(top_k=k)`), or [rows, D, k, k] already per parent (a
-    Markov head's, `hf_dflash.markov`). Entry [r, d, j] holds position d's candidates
+    k] (most likely first; `DFlashDraftModel.draft_tokens(top_k=k)`). Entry [r, d, j] holds position d's candidates
     under candidate j of position d - 1, summing to what the drafter gave them. The first position's parent is the
     newest committed token, which the drafter reads itself (its block's first token): it keeps the drafter's own
     probabilities, for every j (counting that token again made its first drafts surer, not righter: on SmolLM2 the
@@ -89,9 +88,8 @@ def conditional_probs(ids: torch.LongTensor, probs: torch.Tensor, prior: tuple) 
     rows, depth, k = ids.shape
     boost = lookup(prior, ids[:, :-1, :, None], ids[:, 1:, None, :])  # [rows, D - 1, k, k]
     boost = torch.cat([boost.new_ones(rows, 1, k, k), boost], dim=1)  # [rows, D, k, k]
-    probs = probs.float() if probs.dim() == 4 else probs.float()[:, :, None, :]  # already per parent (Markov head)
-    weighted = probs * boost
-    return weighted * (probs.sum(-1, keepdim=True) / weighted.sum(-1, keepdim=True))
+    weighted = probs.float()[:, :, None, :] * boost
+    return weighted * (probs.float().sum(-1)[:, :, None, None] / weighted.sum(-1, keepdim=True))
 
 
 def conditional_chain(ids: torch.LongTensor, probs: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:

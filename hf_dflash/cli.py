@@ -17,7 +17,6 @@ from pathlib import Path
 
 from .bigram import DEFAULTS as BIGRAM_DEFAULTS
 from .packaged import SMOLLM2_ID
-from .training.markov import MarkovHeadConfig
 
 # Written for the demo: none is in the shipped drafter's training data (GSM8K train, ShareGPT) or a benchmark set.
 DEMO_PROMPTS = [
@@ -162,8 +161,12 @@ def train_cmd(args) -> int:
 
 
 def bigram_prior_cmd(args) -> int:
+    import shutil
+    import tempfile
+
     from .bigram import count_bigram_prior
     from .data import load_samples
+    from .hub import REMOTE_CODE
     from .modeling import DFlashDraftModel
 
     drafter = DFlashDraftModel.from_pretrained(args.folder, dtype="auto")
@@ -171,72 +174,21 @@ def bigram_prior_cmd(args) -> int:
     settings = {"beta": args.beta, "mix": args.mix, "min_count": args.min_count}
     keys, boosts = count_bigram_prior(samples, drafter.config.vocab_size, drafter.draft_vocab, **settings)
     drafter.set_bigram_prior(keys, boosts, **settings)
-    output = _save_into(drafter, args.folder, args.output)
-    print(f"wrote a bigram prior of {keys.numel()} pairs from {len(samples)} samples into {output}")
-    return 0
-
-
-def markov_head_cmd(args) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from .data import load_samples
-    from .modeling import DFlashDraftModel
-    from .packaged import resolve_model_path
-    from .training.features import OnlineFeatures, StoreFeatures
-    from .training.markov import MarkovHeadConfig, train_markov_head
-
-    torch.set_num_threads(args.threads)
-    drafter = DFlashDraftModel.from_pretrained(args.folder, dtype="auto")
-    saved_dtype = drafter.dtype
-    drafter.float()  # the frozen drafter's states and the head's training in float32; saved back in its own dtype
-    name = args.target or drafter.config.dflash_config.get("target_model")
-    if not name:
-        raise SystemExit(f"{args.folder}: its config names no target model; pass --target.")
-    target = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), dtype=torch.float32).eval()
-    checks = []
-    samples, _ = load_samples(args.data, min_supervised_tokens=2 * drafter.block_size, max_length=args.max_length,
-                              checks=checks)
-    if not samples:
-        raise SystemExit(f"{args.data}: no sample has {2 * drafter.block_size} supervised tokens.")
-    layer_ids = drafter.config.target_layer_ids
-    if args.features:
-        features_of = StoreFeatures(args.features, checks, layer_ids, drafter.config.hidden_size)
-    else:
-        features_of = OnlineFeatures(target, layer_ids)
-    config = MarkovHeadConfig(rank=args.rank, steps=args.steps, batch_size=args.batch_size,
-                              num_anchors=args.num_anchors, learning_rate=args.learning_rate, seed=args.seed)
-    log = train_markov_head(drafter, target, samples, features_of, config)
-    output = _save_into(drafter.to(saved_dtype), args.folder, args.output)
-    Path(output, "markov_head_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    print(f"wrote a Markov head of rank {drafter.config.dflash_config['markov_head_rank']} trained for {args.steps} "
-          f"steps on {len(samples)} samples into {output} (last loss {log[-1]['loss']:.3f}, accuracy "
-          f"{log[-1]['accuracy']:.3f})" if log else f"wrote an untrained Markov head into {output}")
-    return 0
-
-
-def _save_into(drafter, folder, output=None) -> Path:
-    """Save `drafter` into `output` (default: `folder`, the drafter it was loaded from): its weights, config and
-    remote code written beside and then moved in (an interrupted run leaves the folder's drafter whole); the card
-    stays, and the rest of `folder` is copied to a new `output`."""
-    import shutil
-    import tempfile
-
-    from .hub import REMOTE_CODE
-
-    output = Path(output or folder)
+    output = Path(args.output or args.folder)
     output.mkdir(parents=True, exist_ok=True)
+    # written beside, then moved in: an interrupted run leaves the folder's drafter whole
     with tempfile.TemporaryDirectory(dir=output) as tmp:
         drafter.save_pretrained(tmp)
         for name in ("model.safetensors", "config.json", *REMOTE_CODE):  # not README.md: the card stays
             if Path(tmp, name).exists():
                 Path(tmp, name).chmod(0o644)
                 Path(tmp, name).replace(output / name)
-    if output != Path(folder):
-        for extra in Path(folder).iterdir():  # the card, training record, bench files
+    if output != Path(args.folder):
+        for extra in Path(args.folder).iterdir():  # the card, training record, bench files
             if not (output / extra.name).exists():
                 (shutil.copytree if extra.is_dir() else shutil.copy2)(extra, output / extra.name)
-    return output
+    print(f"wrote a bigram prior of {keys.numel()} pairs from {len(samples)} samples into {output}")
+    return 0
 
 
 def card_cmd(args) -> int:
@@ -475,24 +427,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-count", type=int, default=BIGRAM_DEFAULTS["min_count"],
                    help="pairs seen fewer times are left out")
     p.set_defaults(func=bigram_prior_cmd)
-
-    p = sub.add_parser("markov-head",
-                       help="train a drafter's Markov head, the rest of it frozen (hf_dflash.markov)")
-    p.add_argument("folder", help="a saved drafter folder")
-    p.add_argument("--data", required=True, help="a prepared JSONL (hf-dflash prepare-data), e.g. its training data")
-    p.add_argument("--features", help="a feature store of that data (prepare-data --save-features); without one "
-                                      "the target runs every step")
-    p.add_argument("--target", help="default: the target named in the drafter's config")
-    p.add_argument("--output", help="write the drafter with its head here (default: into FOLDER)")
-    p.add_argument("--rank", type=int, default=MarkovHeadConfig.rank, help="the head's inner width")
-    p.add_argument("--steps", type=int, default=MarkovHeadConfig.steps)
-    p.add_argument("--batch-size", type=int, default=MarkovHeadConfig.batch_size, help="samples per step")
-    p.add_argument("--num-anchors", type=int, default=MarkovHeadConfig.num_anchors, help="blocks per sample")
-    p.add_argument("--learning-rate", type=float, default=MarkovHeadConfig.learning_rate)
-    p.add_argument("--max-length", type=int, default=512, help="tokens of each sample used")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.set_defaults(func=markov_head_cmd)
 
     p = sub.add_parser("card", help="render (or refresh) the README.md model card of a saved drafter folder")
     p.add_argument("folder")

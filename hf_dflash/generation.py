@@ -43,7 +43,6 @@ from .cpu_ops import argmax, pack_linears
 from .cost_model import LoopCosts, NodeCalibration, choose_tree_size, load_forward_costs, now
 from .devices import without_cudnn_attention
 from .hooks import original_generate  # the unhooked `GenerationMixin.generate`
-from .markov import markov_probs
 from .modeling import DFlashDraftModel
 from .modeling.modeling_dflash import _stored_weight
 from .tree import DraftTree, build_tree, gather_path, greedy_paths, mask_one_token, tree_attention_mask
@@ -305,7 +304,6 @@ class _Decoder:
         head = self.head if self.draft_head is None else self.draft_head[0]
         self.draft_vocab_size = head.weight.shape[0]
         self.prior = drafter.bigram_prior  # (keys, boosts, vocab size): buffers, on the drafter's device
-        self.markov = drafter.markov_head  # conditions each draft on its parent too (`hf_dflash.markov`), or None
         self.tree_size, self.costs, self.calibration = 0, None, None
         self.holes = False  # rejected slots stay in the target cache, masked (`_holes_allowed`, after the prefill)
         if tree_size and _tree_supported(target):
@@ -354,8 +352,8 @@ class _Decoder:
             return no_drafts
         if self.tree_size:
             return self.propose_tree(newest, verify_len) or no_drafts
-        if self.prior is not None or self.markov is not None:
-            drafts, confidence = self.conditional_drafts(newest, verify_len)
+        if self.prior is not None:
+            drafts, confidence = self.prior_chain(newest, verify_len)
         else:
             drafts, confidence = self.drafter_propose(newest, verify_len)
         # All or nothing: cutting the block at a later unsure draft saves little (verifying 2-3 tokens costs about
@@ -367,7 +365,9 @@ class _Decoder:
     def propose_tree(self, newest: torch.LongTensor, verify_len: int) -> DraftTree | None:
         """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold, or
         "auto" finding that no tree pays)."""
-        ids, probs = self.candidates(newest, verify_len, self.top_k)
+        ids, probs = self.drafter_candidates(newest, verify_len, self.top_k)
+        if self.prior is not None:  # [rows, D, k, k]: each parent's children
+            probs = conditional_probs(ids, probs, self.prior)
         if self.threshold and bool((probs[:, 0, 0].reshape(len(ids), -1).amax(-1) < self.threshold).all()):
             return None
         tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
@@ -385,26 +385,11 @@ class _Decoder:
         drafts, confidence = self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True)
         return drafts, confidence[:, 0]
 
-    def conditional_drafts(self, newest: torch.LongTensor, verify_len: int) -> tuple:
-        """`drafter_propose` with the drafter's Markov head or bigram prior: each position's best candidate (of its 8
-        most likely, where the prior's gain was measured) under the draft before it."""
-        return conditional_chain(*self.candidates(newest, verify_len, min(8, self.draft_vocab_size)))
-
-    def candidates(self, newest: torch.LongTensor, verify_len: int, k: int) -> tuple:
-        """`drafter_candidates`, with probabilities [rows, D, k, k] under each candidate parent where the drafter has
-        a Markov head or a bigram prior (both: the head's, reweighted by the prior), else [rows, D, k]."""
-        if self.markov is None:
-            ids, probs = self.drafter_candidates(newest, verify_len, k)
-        else:
-            hidden = self.drafter_hidden(newest, verify_len)
-            ids, probs = self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True, top_k=k)
-            weight, bias = _stored_weight(self.head), _stored_weight(self.head, "bias")
-            children = ids[:, 1:].to(weight.device)
-            probs = markov_probs(self.drafter, hidden, ids, probs, self.drafter.embed(self.target, ids[:, :-1]),
-                                 weight[children], None if bias is None else bias[children])
-        if self.prior is not None:
-            probs = conditional_probs(ids, probs, self.prior)
-        return ids, probs
+    def prior_chain(self, newest: torch.LongTensor, verify_len: int) -> tuple:
+        """`drafter_propose` with the drafter's bigram prior: each position's best candidate (of its 8 most likely,
+        where the prior's gain was measured) under the draft before it."""
+        ids, probs = self.drafter_candidates(newest, verify_len, min(8, self.draft_vocab_size))
+        return conditional_chain(ids, conditional_probs(ids, probs, self.prior))
 
     def drafter_candidates(self, newest: torch.LongTensor, verify_len: int, k: int) -> tuple:
         """The drafter's k most likely tokens for each draft position and their probabilities, most likely first:

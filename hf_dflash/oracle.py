@@ -180,13 +180,12 @@ class OracleDrafts:
 
 class OracleDecoder(_Decoder):
     """`_Decoder` whose drafts are the target's own greedy continuation, placed after the real drafter ran (its cost
-    stays in the loop). A drafter's bigram prior and Markov head are left out: they would rerank the right drafts
-    below wrong ones."""
+    stays in the loop). A drafter's bigram prior is left out: it would rerank the right drafts below wrong ones."""
 
     def __init__(self, *args, oracle: OracleDrafts, **kwargs):
         super().__init__(*args, **kwargs)
         self.oracle = oracle
-        self.prior = self.markov = None
+        self.prior = None
 
     def clock(self) -> float:
         return super().clock() - self.oracle.untimed_seconds  # the oracle's own work is not the loop's

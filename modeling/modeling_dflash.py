@@ -141,9 +141,6 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         entries = int(((config.dflash_config or {}).get("bigram_prior") or {}).get("entries") or 0)
         self.register_buffer("bigram_keys", torch.zeros(entries, dtype=torch.long) if entries else None)
         self.register_buffer("bigram_boosts", torch.ones(entries) if entries else None)
-        # hf-dflash extension: re-scores each draft position's candidates under the token drafted before it
-        rank = (config.dflash_config or {}).get("markov_head_rank")
-        self.markov_head = DFlashMarkovHead(config.hidden_size, int(rank)) if rank else None
         self._draft_head_cache = None  # (state, head) of the last `draft_head` gather
         self.post_init()
 
@@ -340,17 +337,6 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         self.bigram_keys, self.bigram_boosts = keys.to(weight.device), boosts.to(weight.device, weight.dtype)
         self.config.dflash_config["bigram_prior"] = {"entries": int(keys.numel()), **settings}
 
-    def set_markov_head(self, rank: int | None) -> None:
-        """Add an untrained Markov head of `rank` (it changes nothing until trained: `hf-dflash markov-head`), or
-        remove the head with None. Saved with the model (`markov_head.*` tensors, `dflash_config.markov_head_rank`)."""
-        if not rank:
-            self.markov_head = None
-            self.config.dflash_config.pop("markov_head_rank", None)
-            return
-        weight = self.fc.weight
-        self.markov_head = DFlashMarkovHead(self.config.hidden_size, int(rank)).to(weight.device, weight.dtype)
-        self.config.dflash_config["markov_head_rank"] = int(rank)
-
     def draft_head(self, output_head: nn.Module) -> tuple | None:
         """`(head, token_ids)`: an `nn.Linear` over the rows of the target's head that the drafter scores (the
         `draft_vocab` rows, or all rows with `token_ids=None`), in the drafter's dtype, to build once per generation
@@ -422,26 +408,6 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         if softcap is not None and float(softcap) > 0:
             logits = torch.tanh(logits / float(softcap)) * float(softcap)
         return logits
-
-
-class DFlashMarkovHead(nn.Module):
-    """hf-dflash extension: the hidden state of a draft position re-read under the token drafted before it,
-    `hidden + out_proj(gelu(hidden_proj(hidden) + token_proj(embedding of that token)))`, scored by the same output
-    head. One drafter forward gives every block position a distribution that cannot depend on which token the
-    position before it takes; the decode loop asks this head for each candidate parent's children
-    (`hf_dflash.markov`). `out_proj` starts at zero: an untrained head leaves the drafts as they were."""
-
-    def __init__(self, hidden_size: int, rank: int):
-        super().__init__()
-        self.hidden_proj = nn.Linear(hidden_size, rank)
-        self.token_proj = nn.Linear(hidden_size, rank, bias=False)
-        self.out_proj = nn.Linear(rank, hidden_size, bias=False)
-        nn.init.zeros_(self.out_proj.weight)
-
-    def forward(self, hidden_states: torch.Tensor, previous_embeds: torch.Tensor) -> torch.Tensor:
-        """hidden_states [..., hidden] and the embeddings of the tokens before them [..., hidden] (broadcastable)."""
-        inner = F.gelu(self.hidden_proj(hidden_states) + self.token_proj(previous_embeds))
-        return hidden_states + self.out_proj(inner)
 
 
 def _stored_weight(module: nn.Module, name: str = "weight") -> torch.Tensor | None:

@@ -250,8 +250,7 @@ class _Window:
 def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
     """Copy the weights of another drafter of the same shape into `drafter`: `source` is a saved drafter folder, a
     training checkpoint folder (`checkpoints/checkpoint-N`), a `.safetensors` file or a Hub id. Its draft
-    vocabulary, bigram prior and Markov head are not copied (a run sets its own: `draft_vocab_size`, `bigram_prior`;
-    a head is trained on the new drafter, `hf-dflash markov-head`)."""
+    vocabulary and bigram prior are not copied (a run sets its own: `draft_vocab_size`, `bigram_prior`)."""
     path = Path(source)
     if path.is_dir():
         path = path / "model.safetensors"
@@ -264,7 +263,6 @@ def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
     state = load_file(str(path))
     for name in ("draft_vocab", "bigram_keys", "bigram_boosts"):  # the run sets its own
         state.pop(name, None)
-    state = {k: v for k, v in state.items() if not k.startswith("markov_head.")}  # trained after, on the new drafter
     try:
         result = drafter.load_state_dict(state, strict=False)  # raises on a shape mismatch
         bad = result.missing_keys + result.unexpected_keys

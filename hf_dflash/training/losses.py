@@ -131,25 +131,6 @@ def chunked_loss(hidden, head, labels, mask, weights, chunk_size: int):
     return (losses * weights.to(losses.dtype)).sum(), correct
 
 
-def block_hidden(drafter, target, batch: dict, features: torch.Tensor, block_size: int, forward=None) -> torch.Tensor:
-    """The drafter's hidden states [b, N*B, H] of every anchor block of a micro-batch (`build_batch`), each block
-    seeing its own context only. `forward`: the module to call (a DDP / FSDP wrapper), else `drafter`."""
-    b, T = batch["input_ids"].shape
-    device = features.device
-    with torch.no_grad():  # the embedding is the target's, frozen
-        noise = drafter.embed(target, batch["block_ids"].to(device))
-    positions = torch.cat([torch.arange(T, device=device).expand(b, -1), batch["block_pos"].to(device)], dim=1)
-    masks = {}
-    build = flex_training_mask if drafter.config._attn_implementation == "flex_attention" else training_mask
-    for layer_type in set(drafter.config.layer_types or ["full_attention"]):
-        window = drafter.config.sliding_window if layer_type == "sliding_attention" else None
-        args = [batch[k].to(device) for k in ("anchors", "anchor_valid", "valid")]
-        masks[layer_type] = build(*args, block_size, window)
-    return (forward or drafter)(
-        noise_embeds=noise, context_hidden_states=features, position_ids=positions, attention_mask=masks
-    ).last_hidden_state
-
-
 def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config, slot_weight, forward=None,
                  head: LossHead | None = None, target_topk: tuple | None = None):
     """Weighted loss sum (divide by metrics["weight"] for the mean) and metrics of one micro-batch.
@@ -163,7 +144,18 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config, s
     N = NB // B
     T = batch["input_ids"].shape[1]
     device = features.device
-    hidden = block_hidden(drafter, target, batch, features, B, forward)  # [b, N*B, H]
+    with torch.no_grad():  # the embedding is the target's, frozen
+        noise = drafter.embed(target, batch["block_ids"].to(device))
+    positions = torch.cat([torch.arange(T, device=device).expand(b, -1), batch["block_pos"].to(device)], dim=1)
+    masks = {}
+    build = flex_training_mask if drafter.config._attn_implementation == "flex_attention" else training_mask
+    for layer_type in set(drafter.config.layer_types or ["full_attention"]):
+        window = drafter.config.sliding_window if layer_type == "sliding_attention" else None
+        args = [batch[k].to(device) for k in ("anchors", "anchor_valid", "valid")]
+        masks[layer_type] = build(*args, B, window)
+    hidden = (forward or drafter)(
+        noise_embeds=noise, context_hidden_states=features, position_ids=positions, attention_mask=masks
+    ).last_hidden_state  # [b, N*B, H]
     labels = batch["labels"].to(device)  # [b, N, B]
     label_mask = batch["label_mask"].to(device)
     kind = getattr(config, "loss", "ce")
