@@ -8,7 +8,7 @@ nothing is timed, so it can run beside other work). Prints JSON lines and a mark
   and of 8-node trees, with and without the drafter's prior, pooled over the prompts and SEEDS seeds. A draft is kept
   where it equals the target's sampled token (the loop's exact sampling), so a ranking that puts likelier tokens first
   should help here too.
-- "top-8 ranking bound" (greedy, the chain without the prior): the acceptance a chain would reach if each block
+- "top-8 ranking bound" (greedy, on the steps of the prior's chain): the acceptance a chain would reach if each block
   position's draft were chosen perfectly among the drafter's 8 most likely tokens there (positions taken in order while
   the target's own continuation is among them), against the drafter's argmax. The room any reranking of the drafter's
   candidates (the prior, a learned one) has, with one drafter forward.
@@ -69,7 +69,7 @@ for name in SETS:
                     c, s = tau(out)
                     committed, steps = committed + c, steps + s
             row[f"sampling {kind} {'chain' if size == 0 else f'tree {size}'}"] = committed / steps
-    # greedy, chain, no prior: the drafter's argmax against the best of its top 8 (the prior chain ranks them too)
+    # greedy, the prior's chain; on each of its steps, the drafter's own argmax against the best of its top 8
     argmax = bound = steps = prior_committed = 0
     _Decoder.drafter_candidates = recording
     try:
