@@ -114,6 +114,20 @@ def with_prior(drafter, vocab: int):
     return drafter
 
 
+def record_proposals(monkeypatch) -> dict:
+    """Each step's verified tree tokens from here on, keyed by whether the drafter had a prior."""
+    proposals = {}
+    real = _Decoder.propose
+
+    def recording(self):
+        tree = real(self)
+        proposals.setdefault(self.prior is not None, []).append(tree.tokens.tolist())
+        return tree
+
+    monkeypatch.setattr(_Decoder, "propose", recording)
+    return proposals
+
+
 def test_prior_is_saved_with_the_drafter(tmp_path):
     target = make_target()
     drafter = with_prior(make_drafter(target), target.config.vocab_size)
@@ -137,15 +151,7 @@ def test_prior_is_lossless_and_changes_the_drafts(arch, batch, monkeypatch):
     drafter = make_drafter(target, block_size=5)
     ids, mask = left_padded(batch)
     plain = greedy(target, ids, mask, max_new_tokens=24)
-    proposals = {}
-    real = _Decoder.propose
-
-    def recording(self):
-        tree = real(self)
-        proposals.setdefault(self.prior is not None, []).append(tree.tokens.tolist())
-        return tree
-
-    monkeypatch.setattr(_Decoder, "propose", recording)
+    proposals = record_proposals(monkeypatch)
     for size in (0, 9):
         drafter.set_bigram_prior(None, None)
         assert torch.equal(greedy(target, ids, mask, drafter, max_new_tokens=24, draft_tree_size=size), plain)

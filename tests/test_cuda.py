@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from conftest import MASK, left_padded, make_drafter, make_target
-from hf_dflash.generation import _Decoder
-from test_bigram import with_prior
+from test_bigram import record_proposals, with_prior
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -83,15 +82,7 @@ def test_bigram_prior_on_cuda_is_lossless_and_changes_the_drafts(tmp_path, monke
     assert drafter.bigram_prior[0].device.type == "cuda"
     ids, mask = left_padded(3)
     plain = generate(target, ids, mask, do_sample=False)
-    proposals = {}
-    real = _Decoder.propose
-
-    def recording(self):
-        tree = real(self)
-        proposals.setdefault(self.prior is not None, []).append(tree.tokens.tolist())
-        return tree
-
-    monkeypatch.setattr(_Decoder, "propose", recording)
+    proposals = record_proposals(monkeypatch)
     keys, boosts, _ = drafter.bigram_prior
     for size in (0, 9, "auto"):
         drafter.set_bigram_prior(None, None)
