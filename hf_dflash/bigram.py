@@ -13,8 +13,8 @@ bigram over the unigram, (mix * P(x | a) + (1 - mix) * P(x)) / P(x), to the powe
 The first draft keeps the drafter's own probabilities: its parent, the newest committed token, is the block's first
 token, which the drafter reads. The chain then drafts each later position's best candidate under the draft before it;
 a tree's children are ranked under their own parent (`hf_dflash.tree.build_tree` with conditional probabilities).
-Verification is unchanged, so the output is too. The defaults (beta 0.5, mix 0.9, min_count 2) were chosen on GSM8K, HumanEval and MT-Bench and checked
-on MBPP and AlpacaEval (examples/drafters/RESULTS.md).
+Verification is unchanged, so the output is too. The defaults (beta 0.5, mix 0.9, min_count 2) were chosen on GSM8K,
+HumanEval and MT-Bench and checked on MBPP and AlpacaEval (examples/drafters/RESULTS.md).
 
 The prior lives in the drafter (`DFlashDraftModel.set_bigram_prior`: two tensors, saved with the weights), made by
 `hf-dflash train` from its training data, or later by `hf-dflash bigram-prior`.

@@ -85,9 +85,8 @@ def test_bigram_prior_on_cuda_is_lossless_and_changes_the_drafts(tmp_path, monke
     proposals = record_proposals(monkeypatch)
     keys, boosts, _ = drafter.bigram_prior
     for size in (0, 9, "auto"):
-        drafter.set_bigram_prior(None, None)
-        assert torch.equal(generate(target, ids, mask, do_sample=False, assistant_model=drafter, draft_tree_size=size), plain)
-        drafter.set_bigram_prior(keys, boosts, beta=1.0)
-        fast = generate(target, ids, mask, do_sample=False, assistant_model=drafter, draft_tree_size=size)
-        assert torch.equal(fast, plain), f"draft_tree_size={size}"
+        for prior in ((None, None), (keys, boosts)):
+            drafter.set_bigram_prior(*prior, beta=1.0)
+            fast = generate(target, ids, mask, do_sample=False, assistant_model=drafter, draft_tree_size=size)
+            assert torch.equal(fast, plain), f"draft_tree_size={size}, prior={prior[0] is not None}"
     assert proposals[True] != proposals[False]

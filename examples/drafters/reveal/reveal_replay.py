@@ -24,6 +24,7 @@ answer token, its truth the answer's next tokens; more steps than the loop visit
 """
 
 import argparse
+import heapq
 
 import torch
 from tqdm import tqdm
@@ -72,8 +73,6 @@ def conditioned_tree(sources, branches, budget) -> dict:
     """Best-first tree {node: {token: child}} of `budget` nodes: the children of a node at depth d are the top-k of
     position d + 1 of its source (pass 1, `sources[0]`, unless an ancestor's path is in `branches`, {path: source}:
     the second pass given that path). sources[s] = (ids [D, k], probs [D, k]) as lists."""
-    import heapq
-
     depth_max, k = len(sources[0][0]), len(sources[0][0][0])
     children, count = {}, 0
     heap = [(-sources[0][1][0][0], 0, 0, 0, 0, 1.0, (), 0)]  # (-score, tie, d, rank, parent, parent score, path, src)
