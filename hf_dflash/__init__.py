@@ -5,11 +5,11 @@
     target.generate(**inputs, assistant_model=drafter)
 
 Importing the package registers the drafter with `AutoModel` and installs the `generate` hook
-(`hf_dflash.hooks`); both act only on DFlash drafters.
+(`hf_dflash.generation.hooks`); both act only on DFlash drafters.
 """
 
 from .generation import DFlashGenerateOutput, check_compatible, dflash_decode, generate
-from .hooks import install_hooks, uninstall_hooks
+from .generation.hooks import install_hooks, uninstall_hooks
 from .modeling import DFlashConfig, DFlashDraftModel, default_target_layer_ids
 
 __version__ = "0.1.0"

@@ -55,7 +55,8 @@ def demo(args) -> int:
 
     import hf_dflash
 
-    from .bench import chat_inputs, first_difference
+    from .bench.run import first_difference
+    from .prompts import chat_inputs
     from .devices import resolve_dtype
 
     torch.set_num_threads(args.threads)
@@ -119,7 +120,8 @@ def demo(args) -> int:
 def prepare_data_cmd(args) -> int:
     import torch
 
-    from .data import read_prompts, prepare_data
+    from .prompts import read_prompts
+    from .training.data import prepare_data
 
     torch.set_num_threads(args.threads)
     target, tokenizer = _load_target(args.target, args.dtype)
@@ -138,7 +140,7 @@ def prepare_data_cmd(args) -> int:
 def store_features_cmd(args) -> int:
     import torch
 
-    from .data import store_features
+    from .training.data import store_features
 
     torch.set_num_threads(args.threads)
     target, _ = _load_target(args.target, args.dtype)
@@ -165,7 +167,7 @@ def bigram_prior_cmd(args) -> int:
     import tempfile
 
     from .bigram import count_bigram_prior
-    from .data import load_samples
+    from .training.data import load_samples
     from .hub import REMOTE_CODE
     from .modeling import DFlashDraftModel
 
@@ -229,7 +231,7 @@ def bench_cmd(args) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.random_target:
-        from .oracle import build_random_models, random_prompts
+        from .bench.random_models import build_random_models, random_prompts
 
         block = max(args.block_sizes or [16])
         target, drafter = build_random_models(args.random_target, device, resolve_dtype(args.dtype, device),
@@ -381,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", help="drafter folder or Hub id (default: an untrained one, reported as such)")
     p.add_argument("--sets", nargs="+", default=["gsm8k", "mbpp", "alpaca"],
                    help="gsm8k, mbpp, alpaca (from --bench-dir), humaneval, mtbench (pip packages), or prompt files")
-    p.add_argument("--bench-dir", help="folder of the gsm8k/mbpp/alpaca files (default: ../shared/bench)")
+    p.add_argument("--bench-dir", help="folder of the gsm8k/mbpp/alpaca files (default: $HF_DFLASH_BENCH_DIR)")
     p.add_argument("--num-prompts", type=int, default=8, help="first N prompts of each set")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     p.add_argument("--modes", nargs="+", choices=["greedy", "sampling"], default=["greedy"])

@@ -17,6 +17,8 @@ from typing import NamedTuple
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from . import paths
+
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -68,11 +70,11 @@ def _convert(src: pathlib.Path, entry: _Packaged, out: pathlib.Path) -> None:
 def packaged_model_path(name: str = SMOLLM2_ID, cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """Return a local transformers checkpoint folder for packaged model `name`, converting it on first use.
 
-    The folder is `<root>/<name with "/" -> "--">`, where root is `cache_dir`, else
-    `$HF_DFLASH_CACHE`, else `~/.cache/hf_dflash/packaged`.
+    The folder is `<root>/<name with "/" -> "--">`, where root is `cache_dir`, else `packaged/` in hf_dflash's
+    cache folder (`hf_dflash.paths.cache_dir`).
     """
     entry = _entry(name)
-    root = cache_dir or os.environ.get("HF_DFLASH_CACHE") or pathlib.Path.home() / ".cache" / "hf_dflash" / "packaged"
+    root = cache_dir or paths.cache_dir("packaged")
     final = pathlib.Path(root).expanduser() / name.replace("/", "--")
     if final.is_dir():
         return final

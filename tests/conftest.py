@@ -19,7 +19,7 @@ from transformers import (
 
 import hf_dflash
 from hf_dflash import DFlashDraftModel
-from hf_dflash.generation import _Decoder
+from hf_dflash.generation import DFlashProposer
 from transformers.generation.streamers import BaseStreamer
 
 # Tiny models gain nothing from threads, and OpenMP threads spinning on a shared 2-core machine slow small ops 100x.
@@ -90,8 +90,8 @@ class Oracle:
         self.rng = random.Random(seed)
         self.calls = 0
 
-    def __call__(self, decoder, newest, verify_len):
-        drafts, confidence = _REAL_PROPOSE(decoder, newest, verify_len)
+    def __call__(self, proposer, decoder, verify_len):
+        drafts, confidence = _REAL_CHAIN(proposer, decoder, verify_len)
         self.calls += 1
         rows = []
         for r in decoder.rows.tolist():
@@ -112,7 +112,7 @@ class Oracle:
         return torch.stack(rows).to(drafts.device), confidence
 
 
-_REAL_PROPOSE = _Decoder.drafter_propose
+_REAL_CHAIN = DFlashProposer.draft_chain
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def oracle(monkeypatch):
 
     def install(correct_upto=None, seed: int = 0) -> Oracle:
         instance = Oracle(correct_upto, seed)
-        monkeypatch.setattr(_Decoder, "drafter_propose", lambda self, newest, n: instance(self, newest, n))
+        monkeypatch.setattr(DFlashProposer, "draft_chain", lambda self, decoder, n: instance(self, decoder, n))
         return instance
 
     return install

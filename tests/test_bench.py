@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_dflash.bench import benchmark, load_prompt_set, write_outputs
-from hf_dflash.data import Prompt
+from hf_dflash.prompts import Prompt
 
 from conftest import ForwardCounter, make_drafter, make_target, make_tokenizer
 from test_bigram import with_prior
@@ -111,7 +111,7 @@ def test_outputs_written(results, tmp_path):
 
 
 def test_speedup_per_token_where_the_calls_made_different_numbers_of_tokens():
-    from hf_dflash.bench import _speedup_cell
+    from hf_dflash.bench.report import _speedup_cell
 
     # DFlash stopped earlier (a near-tie to an earlier EOS): 2x by time, 1.5x by tokens per second
     summary = {"speedup": 2.0, "speedup_per_token": 1.5, "plain_new_tokens": 400, "dflash_new_tokens": 300}
@@ -147,6 +147,15 @@ def test_prompt_file_set_and_bench_files(tmp_path, setup):
     assert out["runs"][0]["summary"]["identical"] is True
     (tmp_path / "gsm8k_test.jsonl").write_text(json.dumps({"question": "q1", "answer": "#### 1"}) + "\n")
     assert load_prompt_set("gsm8k", 5, bench_dir=tmp_path)[0].messages[0]["content"] == "q1"
+
+
+def test_named_sets_are_found_through_the_environment(tmp_path, monkeypatch):
+    (tmp_path / "gsm8k_test.jsonl").write_text(json.dumps({"question": "q1", "answer": "#### 1"}) + "\n")
+    monkeypatch.setenv("HF_DFLASH_BENCH_DIR", str(tmp_path))
+    assert load_prompt_set("gsm8k", 5)[0].messages[0]["content"] == "q1"
+    monkeypatch.delenv("HF_DFLASH_BENCH_DIR")
+    with pytest.raises(FileNotFoundError, match=r"not given.*HF_DFLASH_BENCH_DIR"):
+        load_prompt_set("gsm8k", 5)
 
 
 def test_unknown_or_missing_sets_give_clear_errors(tmp_path):
@@ -323,7 +332,7 @@ def test_oracle_timed_forwards_leave_sliding_caches_as_they_were(setup, arch):
 def test_oracle_times_one_token_as_plain_generate_runs_it(setup, monkeypatch):
     """The loop verifies in inference mode, plain `generate` decodes under no_grad: the ceiling's t(1) is timed as
     plain runs it, its larger forwards as the loop runs them."""
-    from hf_dflash.oracle import OracleDecoder
+    from hf_dflash.bench.oracle import OracleDecoder
 
     target, drafter, tokenizer, prompts = setup
     seen, forward = [], OracleDecoder.target_forward
@@ -334,9 +343,9 @@ def test_oracle_times_one_token_as_plain_generate_runs_it(setup, monkeypatch):
 
     time_ceiling = OracleDecoder.time_ceiling
 
-    def flagged(self, next_pos):
+    def flagged(self):
         self._in_ceiling = True
-        time_ceiling(self, next_pos)
+        time_ceiling(self)
         self._in_ceiling = False
 
     monkeypatch.setattr(OracleDecoder, "_in_ceiling", False, raising=False)
@@ -352,16 +361,17 @@ def test_oracle_times_one_token_as_plain_generate_runs_it(setup, monkeypatch):
 def test_oracle_work_stays_out_of_auto_s_step_costs(setup, monkeypatch):
     """The ceiling's forwards run between a step's verification and the next step, untimed: "auto" must not count
     them as the step's (`LoopCosts.overhead`), or it would verify trees that pay only against that cost."""
-    from hf_dflash.cost_model import ForwardCosts, LoopCosts
-    from hf_dflash.oracle import OracleDecoder
+    from hf_dflash.bench.oracle import OracleDecoder
+    from hf_dflash.generation.forward_costs import ForwardCosts, LoopCosts
 
     target, drafter, tokenizer, prompts = setup
     made = []
-    monkeypatch.setattr("hf_dflash.generation.LoopCosts", lambda curve: made.append(LoopCosts(curve)) or made[-1])
-    monkeypatch.setattr("hf_dflash.generation.load_forward_costs",
+    monkeypatch.setattr("hf_dflash.generation.proposer.LoopCosts",
+                        lambda curve: made.append(LoopCosts(curve)) or made[-1])
+    monkeypatch.setattr("hf_dflash.generation.proposer.load_forward_costs",
                         lambda target, batch_size: ForwardCosts((1, 32), (0.001, 0.001)))
     time_ceiling = OracleDecoder.time_ceiling
-    monkeypatch.setattr(OracleDecoder, "time_ceiling", lambda self, pos: time_ceiling(self, pos) or time.sleep(0.2))
+    monkeypatch.setattr(OracleDecoder, "time_ceiling", lambda self: time_ceiling(self) or time.sleep(0.2))
     benchmark(target, drafter, tokenizer, {"toy": prompts[:1]}, block_sizes=[4], draft_tree_sizes=["auto"],
               max_new_tokens=10, baselines=("plain",), warmup=0, progress=False, oracle=True)
     assert made and all(costs.sums[0] > 0 and costs.overhead < 0.1 for costs in made)
@@ -372,7 +382,7 @@ def test_oracle_recomputes_the_continuation_where_the_text_left_it(setup, monkey
     """As a bfloat16 near-tie would: the precomputed continuation of row 0 is wrong at new token 5, so that draft is
     rejected, the committed text leaves the continuation, and the oracle recomputes it (untimed) from there, two
     blocks' drafts ahead, then further as the drafts reach its end (22 tokens: not counted as resyncs)."""
-    from hf_dflash.oracle import OracleDrafts
+    from hf_dflash.bench.oracle import OracleDrafts
 
     from_plain = OracleDrafts.from_plain.__func__
 
@@ -415,7 +425,7 @@ def test_oracle_drafts_end_at_a_stop_token(setup, monkeypatch):
 
 
 def test_ceilings():
-    from hf_dflash.oracle import ceilings
+    from hf_dflash.bench.oracle import ceilings
 
     def step(verified, committed, t, rows=1, full=None):
         return {"rows": rows, "verified": verified, "committed": committed, "full": full or verified,

@@ -9,8 +9,8 @@ import torch
 from conftest import ARCHITECTURES, MASK, left_padded, make_drafter, make_target
 from hf_dflash import DFlashDraftModel
 from hf_dflash.bigram import conditional_chain, conditional_probs, count_bigram_prior, lookup
-from hf_dflash.generation import _Decoder
-from hf_dflash.tree import build_tree
+from hf_dflash.generation import DFlashProposer
+from hf_dflash.generation.tree import build_tree
 from test_complete import greedy
 from test_tree import SETTINGS, draw_tree, exact_distribution, g_test, small_drafter, small_target  # noqa: F401
 
@@ -117,14 +117,14 @@ def with_prior(drafter, vocab: int):
 def record_proposals(monkeypatch) -> dict:
     """Each step's verified tree tokens from here on, keyed by whether the drafter had a prior."""
     proposals = {}
-    real = _Decoder.propose
+    real = DFlashProposer.propose
 
-    def recording(self):
-        tree = real(self)
+    def recording(self, decoder, verify_len):
+        tree = real(self, decoder, verify_len)
         proposals.setdefault(self.prior is not None, []).append(tree.tokens.tolist())
         return tree
 
-    monkeypatch.setattr(_Decoder, "propose", recording)
+    monkeypatch.setattr(DFlashProposer, "propose", recording)
     return proposals
 
 

@@ -6,12 +6,11 @@ import json
 import pytest
 import torch
 
-import hf_dflash.cost_model as cost_model
 from conftest import ForwardCounter, left_padded, make_drafter, make_target
-from hf_dflash.cost_model import (
-    ForwardCosts, LoopCosts, NodeCalibration, choose_tree_size, load_forward_costs, measure_forward_costs,
-)
-from hf_dflash.tree import DraftTree
+from hf_dflash.generation import forward_costs
+from hf_dflash.generation.auto_size import NodeCalibration, choose_tree_size
+from hf_dflash.generation.forward_costs import ForwardCosts, LoopCosts, load_forward_costs, measure_forward_costs
+from hf_dflash.generation.tree import DraftTree
 from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
 FLAT = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01,) * 6)  # a GPU: every verification costs a one-token step
@@ -141,13 +140,13 @@ def test_measure_and_cache(costs_dir, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(cost_model, "measure_forward_costs", fail)
+    monkeypatch.setattr(forward_costs, "measure_forward_costs", fail)
     assert load_forward_costs(target, batch_size=2, sizes=(1, 4), context=16, repeats=2) == loaded  # from disk
     with pytest.raises(AssertionError, match="measured again"):  # another batch size is another measurement
         load_forward_costs(target, batch_size=3, sizes=(1, 4), context=16, repeats=2)
     # another CPU is another measurement: a cache folder may travel with a home directory or an image
-    assert saved["key"]["device"] == f"cpu ({cost_model.cpu_description()})"
-    monkeypatch.setattr(cost_model, "cpu_description", lambda: "Other CPU (avx2)")
+    assert saved["key"]["device"] == f"cpu ({forward_costs.cpu_description()})"
+    monkeypatch.setattr(forward_costs, "cpu_description", lambda: "Other CPU (avx2)")
     with pytest.raises(AssertionError, match="measured again"):
         load_forward_costs(target, batch_size=2, sizes=(1, 4), context=16, repeats=2)
 
@@ -155,14 +154,14 @@ def test_measure_and_cache(costs_dir, monkeypatch):
 def test_cache_folder(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_DFLASH_CACHE")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    assert cost_model.forward_costs_dir() == tmp_path / "hf" / "hf_dflash" / "forward_costs"
+    assert forward_costs.forward_costs_dir() == tmp_path / "hf" / "hf_dflash" / "forward_costs"
     monkeypatch.delenv("HF_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cost_model.forward_costs_dir() == tmp_path / "xdg" / "hf_dflash" / "forward_costs"
+    assert forward_costs.forward_costs_dir() == tmp_path / "xdg" / "hf_dflash" / "forward_costs"
 
 
 def with_costs(monkeypatch, costs):
-    monkeypatch.setattr("hf_dflash.generation.load_forward_costs", lambda target, batch_size: costs)
+    monkeypatch.setattr("hf_dflash.generation.proposer.load_forward_costs", lambda target, batch_size: costs)
 
 
 @pytest.mark.parametrize("costs, tokens", [(FLAT, [5] + [32] * 3), (STEEP, [5] + [1] * 12)])
@@ -216,10 +215,10 @@ def test_time_forwards_masks_what_the_loop_masks():
             masks.setdefault(kwargs["input_ids"].shape[1], kwargs.get("attention_mask"))
 
     hook = target.register_forward_pre_hook(record, with_kwargs=True)
-    cost_model.time_forwards(target, [1, 3], context=6, repeats=1, tree=True)
+    forward_costs.time_forwards(target, [1, 3], context=6, repeats=1, tree=True)
     assert masks[1].dim() == 4 and masks[3].dim() == 4  # on a CPU the one-token step too (`mask_one_token`)
     masks.clear()
-    cost_model.time_forwards(target, [1, 3], context=6, repeats=1)
+    forward_costs.time_forwards(target, [1, 3], context=6, repeats=1)
     assert masks[1] is None and masks[3] is None  # chains: the causal mask
     hook.remove()
 
@@ -228,9 +227,9 @@ def test_sizes_kept_are_the_powers_of_two_and_real_departures():
     # a float32-like curve: t(13..15) well above the line to t(16), t(3) below it; the rest within noise
     seconds = {k: 0.05 + 0.005 * k for k in range(1, 17)} | {32: 0.25}
     seconds |= {3: 0.05, 13: 0.175, 14: 0.18, 15: 0.172, 6: 0.08 * 1.05, 12: 0.11 * 0.95}
-    kept = cost_model._significant_points(seconds)
+    kept = forward_costs._significant_points(seconds)
     assert sorted(kept) == [1, 2, 3, 4, 8, 13, 14, 15, 16, 32]
     assert all(kept[k] == seconds[k] for k in kept)
     # explicit sizes that are not powers of two: the ends are the base
-    assert sorted(cost_model._significant_points({3: 1.0, 5: 2.0, 6: 2.5})) == [3, 6]
-    assert sorted(cost_model._significant_points({3: 1.0, 5: 3.0, 6: 2.5})) == [3, 5, 6]
+    assert sorted(forward_costs._significant_points({3: 1.0, 5: 2.0, 6: 2.5})) == [3, 6]
+    assert sorted(forward_costs._significant_points({3: 1.0, 5: 3.0, 6: 2.5})) == [3, 5, 6]

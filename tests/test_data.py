@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import make_target, make_tokenizer
-from hf_dflash.data import DataError, load_samples, prepare_data, read_prompts
+from hf_dflash.prompts import DataError, read_prompts
+from hf_dflash.training.data import load_samples, prepare_data
 
 
 def write(path, lines):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_dflash import generation
+from hf_dflash.generation import decoder as decoder_module
 
 from conftest import ARCHITECTURES, PAD, ForwardCounter, left_padded, make_drafter, make_target
 
@@ -49,10 +49,10 @@ def test_batched_equals_each_row_alone(arch, oracle, monkeypatch):
     """Rows keeping different numbers of verified slots: gemma3 (sliding windows shorter than the outputs) moves
     each row's rejected slots to its left end; qwen3 (full attention only) leaves them in place, masked."""
     holes, uneven = [], []  # per call: holes allowed; per step: rows kept different numbers of slots
-    allowed, keep_verified = generation._holes_allowed, generation._keep_verified
-    monkeypatch.setattr(generation, "_holes_allowed", lambda *a: holes.append(allowed(*a)) or holes[-1])
+    allowed, keep_verified = decoder_module.holes_allowed, decoder_module.keep_verified
+    monkeypatch.setattr(decoder_module, "holes_allowed", lambda *a: holes.append(allowed(*a)) or holes[-1])
     monkeypatch.setattr(
-        generation, "_keep_verified",
+        decoder_module, "keep_verified",
         lambda cache, valid, keep, shift: uneven.append(len(set(keep.sum(-1).tolist())) > 1)
         or keep_verified(cache, valid, keep, shift),
     )
@@ -132,20 +132,20 @@ def test_confidence_threshold_skips_unsure_blocks(oracle):
 
 @pytest.mark.parametrize("sure_rows", [0, 1])
 def test_confidence_threshold_skips_only_when_every_row_is_unsure(sure_rows, oracle, monkeypatch):
-    from hf_dflash.generation import _Decoder
+    from hf_dflash.generation import DFlashProposer
 
     target = make_target("qwen3")
     drafter = make_drafter(target, block_size=4)
     ids, mask = left_padded(3)
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=9)
     oracle(correct_upto=None)
-    propose = _Decoder.drafter_propose  # the oracle
+    propose = DFlashProposer.draft_chain  # the oracle
 
-    def unsure(self, newest, verify_len):  # the first `sure_rows` rows of the batch are sure of their drafts
-        drafts, _ = propose(self, newest, verify_len)
-        return drafts, torch.tensor([0.9 if row < sure_rows else 0.1 for row in self.rows.tolist()])
+    def unsure(self, decoder, verify_len):  # the first `sure_rows` rows of the batch are sure of their drafts
+        drafts, _ = propose(self, decoder, verify_len)
+        return drafts, torch.tensor([0.9 if row < sure_rows else 0.1 for row in decoder.rows.tolist()])
 
-    monkeypatch.setattr(_Decoder, "drafter_propose", unsure)
+    monkeypatch.setattr(DFlashProposer, "draft_chain", unsure)
     counter = ForwardCounter(target)
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=9, assistant_model=drafter,
                           assistant_confidence_threshold=0.5)
@@ -191,15 +191,15 @@ def test_drafter_in_another_dtype_is_cast(draft_vocab):
 
 
 def test_draft_vocab_is_lossless_and_confines_drafts(monkeypatch):
-    from hf_dflash.generation import _Decoder
+    from hf_dflash.generation import DFlashProposer
 
     target = make_target("qwen3")
     drafter = make_drafter(target, block_size=4)
     allowed = torch.arange(2, 50)
     drafter.set_draft_vocab(allowed.tolist())
     seen = []
-    propose = _Decoder.drafter_propose
-    monkeypatch.setattr(_Decoder, "drafter_propose", lambda self, *a: seen.append(propose(self, *a)) or seen[-1])
+    propose = DFlashProposer.draft_chain
+    monkeypatch.setattr(DFlashProposer, "draft_chain", lambda self, *a: seen.append(propose(self, *a)) or seen[-1])
     ids, mask = left_padded(3)
     plain, fast = plain_and_dflash(target, drafter, ids, mask, max_new_tokens=12)
     assert torch.equal(plain, fast)

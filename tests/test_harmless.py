@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, Qwen3ForCausalLM, Qwen3Model
 
 import hf_dflash
-from hf_dflash import DFlashDraftModel, hooks
+from hf_dflash import DFlashDraftModel
+from hf_dflash.generation import hooks, loop
 from conftest import left_padded, make_drafter, make_target
 
 
@@ -97,7 +98,7 @@ def test_native_loop_drafts_like_ours():
 
 def test_native_path_is_not_intercepted(monkeypatch):
     calls = []
-    monkeypatch.setattr(hf_dflash.generation, "generate", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(hooks, "generate", lambda *a, **k: calls.append(1))
     target = make_target("qwen3")
     drafter = make_drafter(target)
     ids, _ = left_padded(1)
@@ -120,7 +121,8 @@ def test_install_hooks_is_idempotent():
 def test_reimported_hooks_do_not_wrap_themselves():
     original = hooks.original_generate
     hf_dflash.install_hooks()
-    module = importlib.reload(hooks)  # captures `GenerationMixin.generate` while it is the installed hook
+    importlib.reload(loop)  # captures `GenerationMixin.generate` while it is the installed hook
+    module = importlib.reload(hooks)
     try:
         assert module.original_generate is original
         module.install_hooks()

@@ -5,7 +5,7 @@ import functools
 import pytest
 from transformers import pipeline
 
-import hf_dflash.generation
+from hf_dflash.generation import loop
 from conftest import make_drafter, make_target, make_tokenizer
 
 PROMPTS = ["Hello", "abc", "xyz!!?", "Q"]
@@ -21,14 +21,14 @@ def models():
 def dflash_runs(monkeypatch):
     """Counts the DFlash decoding loops that run."""
     calls = []
-    original = hf_dflash.generation.dflash_decode
+    original = loop.dflash_decode
 
     @functools.wraps(original)
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(hf_dflash.generation, "dflash_decode", counted)
+    monkeypatch.setattr(loop, "dflash_decode", counted)
     return calls
 
 

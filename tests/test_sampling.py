@@ -17,9 +17,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from conftest import _REAL_PROPOSE, make_target
+from conftest import _REAL_CHAIN, make_target
 from hf_dflash import DFlashDraftModel
-from hf_dflash.generation import _Decoder
+from hf_dflash.generation import Decoder, DFlashProposer
 
 VOCAB = 8
 PROMPT = torch.tensor([[2, 5, 3]])
@@ -48,8 +48,8 @@ def greedy_oracle(monkeypatch):
     """Drafts = the target's greedy continuation of each row (batched: all rows share one unpadded prompt), so
     multi-token acceptance is frequent. The real drafter still runs, to keep its cache bookkeeping in the loop."""
 
-    def propose(decoder, newest, verify_len):
-        _, confidence = _REAL_PROPOSE(decoder, newest, verify_len)
+    def propose(proposer, decoder, verify_len):
+        _, confidence = _REAL_CHAIN(proposer, decoder, verify_len)
         lengths = decoder.lengths[decoder.rows]
         drafts = torch.empty(len(lengths), verify_len - 1, dtype=torch.long)
         for length in lengths.unique().tolist():
@@ -60,7 +60,7 @@ def greedy_oracle(monkeypatch):
             drafts[group] = ids[:, length:]
         return drafts, confidence
 
-    monkeypatch.setattr(_Decoder, "drafter_propose", propose)
+    monkeypatch.setattr(DFlashProposer, "draft_chain", propose)
 
 
 def processors(temperature, top_k=None, top_p=None, min_p=None, repetition_penalty=None) -> LogitsProcessorList:
@@ -162,7 +162,7 @@ def test_random_drafter_samples_the_target_distribution(target, drafter, setting
 def test_biased_acceptance_is_detected(target, drafter, greedy_oracle, monkeypatch):
     """Negative control on the sampler itself: the classic bug of accepting a point-mass draft with probability
     p(draft) and otherwise sampling p again (instead of the residual) over-weights the drafts; the G-test sees it."""
-    real_verify, real_process = _Decoder.verify, _Decoder.process
+    real_verify, real_process = Decoder.verify, Decoder.process
 
     def verify(self, logits, tree):
         self._block = tree.tokens  # a chain: the newest token, then the drafts
@@ -181,9 +181,9 @@ def test_biased_acceptance_is_detected(target, drafter, greedy_oracle, monkeypat
             tokens = torch.where(accept, drafts, tokens)
         return tokens
 
-    monkeypatch.setattr(_Decoder, "verify", verify)
-    monkeypatch.setattr(_Decoder, "process", process)
-    monkeypatch.setattr(_Decoder, "choose", choose)
+    monkeypatch.setattr(Decoder, "verify", verify)
+    monkeypatch.setattr(Decoder, "process", process)
+    monkeypatch.setattr(Decoder, "choose", choose)
     settings = SETTINGS["top_k_top_p"]
     counts, _ = draw(target, drafter, settings)
     g, threshold = g_test(counts, exact_distribution(target, settings))

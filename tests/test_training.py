@@ -276,7 +276,7 @@ def test_checkpoint_is_renamed_only_after_every_process_wrote_into_it(tmp_path):
 
 
 def test_draft_vocab_size_saves_the_most_frequent_response_tokens(tmp_path):
-    from hf_dflash.data import frequent_tokens, load_samples
+    from hf_dflash.training.data import frequent_tokens, load_samples
 
     target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
     tiny_data(target, tmp_path / "data.jsonl", n=8)
@@ -305,7 +305,7 @@ def test_draft_vocab_size_saves_the_most_frequent_response_tokens(tmp_path):
 
 def test_bigram_prior_command_adds_the_prior_and_keeps_the_folder(tmp_path):
     from hf_dflash.cli import main
-    from hf_dflash.data import load_samples
+    from hf_dflash.training.data import load_samples
 
     target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
     tiny_data(target, tmp_path / "data.jsonl", n=8)

@@ -15,11 +15,11 @@ from conftest import (
     ARCHITECTURES, MASK, PAD, ForwardCounter, Recorder, left_padded, make_drafter, make_target, make_tokenizer,
 )
 from hf_dflash import DFlashDraftModel
-from hf_dflash.generation import _Decoder
-from hf_dflash.tree import DraftTree, ancestors, build_tree, greedy_paths
+from hf_dflash.generation import Decoder, DFlashProposer
+from hf_dflash.generation.tree import DraftTree, ancestors, build_tree, greedy_paths
 from test_sampling import NEW_TOKENS, PROMPT, SAMPLES, SETTINGS, exact_distribution, g_test
 
-_REAL_CANDIDATES = _Decoder.drafter_candidates
+_REAL_CANDIDATES = DFlashProposer.draft_candidates
 
 # The drafter's probabilities by rank at block positions 1, 2, 3...: a best-first tree of 6 nodes (under the root) is
 # (0) .5, (0,0) .45, (0,0,0) .405, (1) .4, (1,0) .36, (1,0,0) .324, where (1,0) = rank 1 at position 1, then rank 0.
@@ -55,8 +55,8 @@ class TreeOracle:
     def __init__(self, ranks):
         self.ranks = ranks
 
-    def __call__(self, decoder, newest, verify_len, k):
-        _REAL_CANDIDATES(decoder, newest, verify_len, k)
+    def __call__(self, proposer, decoder, verify_len, k):
+        _REAL_CANDIDATES(proposer, decoder, verify_len, k)
         depth = verify_len - 1
         ids = torch.empty(len(decoder.rows), depth, k, dtype=torch.long)
         probs = torch.empty(len(decoder.rows), depth, k)
@@ -77,7 +77,7 @@ class TreeOracle:
 def tree_oracle(monkeypatch):
     def install(ranks) -> TreeOracle:
         oracle = TreeOracle(ranks)
-        monkeypatch.setattr(_Decoder, "drafter_candidates", lambda self, *args: oracle(self, *args))
+        monkeypatch.setattr(DFlashProposer, "draft_candidates", lambda self, *args: oracle(self, *args))
         return oracle
 
     return install
@@ -308,8 +308,8 @@ def calibrated_oracle(monkeypatch):
     trees then hold most samples, and accept paths through runner-up nodes too."""
 
     @torch.no_grad()
-    def candidates(decoder, newest, verify_len, k):
-        _REAL_CANDIDATES(decoder, newest, verify_len, k)
+    def candidates(proposer, decoder, verify_len, k):
+        _REAL_CANDIDATES(proposer, decoder, verify_len, k)
         lengths = decoder.lengths[decoder.rows]
         ids = torch.empty(len(lengths), verify_len - 1, k, dtype=torch.long)
         probs = torch.empty(len(lengths), verify_len - 1, k)
@@ -322,7 +322,7 @@ def calibrated_oracle(monkeypatch):
                 context = torch.cat([context, ids[group, d, :1]], dim=1)
         return ids, probs
 
-    monkeypatch.setattr(_Decoder, "drafter_candidates", candidates)
+    monkeypatch.setattr(DFlashProposer, "draft_candidates", candidates)
 
 
 def draw_tree(target, drafter, settings: dict, tree_size: int, seed: int = 0):
@@ -373,8 +373,8 @@ def test_step_at_once_equals_token_by_token(tree_size, tree_oracle, oracle, monk
 
     calls = {"_verify_greedy": 0, "_commit_at_once": 0}
     for name in calls:
-        original = getattr(_Decoder, name)
-        monkeypatch.setattr(_Decoder, name, lambda self, *a, _o=original, _n=name: calls.__setitem__(_n, calls[_n] + 1)
+        original = getattr(Decoder, name)
+        monkeypatch.setattr(Decoder, name, lambda self, *a, _o=original, _n=name: calls.__setitem__(_n, calls[_n] + 1)
                             or _o(self, *a))
     target = make_target("gemma3")
     drafter = make_drafter(target, block_size=5)
@@ -494,7 +494,7 @@ def test_confidence_threshold_skips_unsure_trees(tree_oracle):
 
 
 def test_one_token_steps_carry_a_tree_mask_on_a_cpu(tree_oracle):
-    # SDPA's one-query CPU kernel without a mask is slow in bfloat16 (`hf_dflash.tree.mask_one_token`)
+    # SDPA's one-query CPU kernel without a mask is slow in bfloat16 (`hf_dflash.generation.tree.mask_one_token`)
     target = make_target("llama")
     drafter = make_drafter(target, block_size=4)
     ids, mask = left_padded(2, lengths=[5, 7])

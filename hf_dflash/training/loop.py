@@ -25,11 +25,12 @@ from tqdm.auto import tqdm
 
 from ..bigram import DEFAULTS as BIGRAM_DEFAULTS
 from ..bigram import count_bigram_prior
-from ..data import frequent_tokens, load_samples
 from ..devices import native_bf16
 from ..modeling import DFlashDraftModel
 from .batches import build_batch, sample_anchors
 from .config import TrainingConfig
+from .data import frequent_tokens, load_samples
+from .evaluate import acceptance_on_prompts
 from .features import CachedFeatures, OnlineFeatures, StoreFeatures
 from .losses import LossHead, drafter_loss, slot_weights
 
@@ -308,8 +309,6 @@ def _eval_and_log(drafter, target, tokenizer, config, step, log_path, accelerato
     """Real acceptance length with generate on held-out prompts (main process only)."""
     if not accelerator.is_main_process:
         return None
-    from ..bench import acceptance_on_prompts
-
     drafter.eval()
     result = acceptance_on_prompts(target, drafter, tokenizer, config.eval_prompts, config.eval_max_new_tokens)
     drafter.train()

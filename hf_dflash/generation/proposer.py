@@ -1,0 +1,242 @@
+"""The drafter side of the decoding loop: what the target verifies next.
+
+`DFlashProposer` keeps the drafter's KV cache of the target's features, runs one drafter forward over the newest
+token and `block_size - 1` mask tokens, and proposes a chain of argmax drafts or a best-first tree of candidates
+(`hf_dflash.generation.tree`), reranked by the drafter's bigram prior (`hf_dflash.bigram`) when it carries one.
+
+The loop talks to a proposer through four methods, like transformers' candidate generators and vLLM's proposers:
+`propose(decoder, verify_len)` reads the committed tokens (never changing them) and returns a `DraftTree`;
+`extend_context(...)` hands it the target's features of the newly committed tokens; `accepted(...)` says what the
+target accepted; `select_rows(live)` drops finished rows. `draft_chain` and `draft_candidates` are the building
+blocks another proposer (the oracle benchmark, `hf_dflash.bench.oracle`) reuses.
+"""
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.utils import logging
+
+from ..bigram import conditional_chain, conditional_probs
+from ..cpu_ops import pack_linears
+from ..modeling import DFlashDraftModel
+from ..modeling.modeling_dflash import _stored_weight
+from .auto_size import AutoTreeSize
+from .forward_costs import LoopCosts, load_forward_costs
+from .tree import DraftTree, build_tree
+
+logger = logging.get_logger(__name__)
+
+# Candidates per position the bigram prior reranks in a chain: where its gain was measured (docs/design.md).
+PRIOR_CANDIDATES = 8
+
+
+def check_compatible(target, drafter: DFlashDraftModel) -> None:
+    """Raise a ValueError naming the mismatch between a target and a drafter, and how to fix it."""
+    if not isinstance(drafter, DFlashDraftModel):
+        raise TypeError(f"Expected a DFlashDraftModel, got {type(drafter).__name__}.")
+    config = target.config.get_text_config()
+    if getattr(target.config, "is_encoder_decoder", False):
+        raise ValueError("DFlash needs a decoder-only causal LM; the target is an encoder-decoder model.")
+    if config.hidden_size != drafter.config.hidden_size:
+        raise ValueError(
+            f"The drafter was made for hidden size {drafter.config.hidden_size}, the target has {config.hidden_size}. "
+            "Use the drafter trained for this target, or make one with DFlashDraftModel.from_target(target)."
+        )
+    num_layers = config.num_hidden_layers
+    bad = [i for i in drafter.config.target_layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"The drafter reads target layers {bad}, but the target has {num_layers} layers (0..{num_layers - 1}). "
+            "Use the drafter trained for this target, or set target_layer_ids within range."
+        )
+    rows = target.get_input_embeddings().weight.shape[0]
+    if drafter.config.mask_token_id is None or not 0 <= drafter.config.mask_token_id < rows:
+        raise ValueError(
+            f"The drafter's mask_token_id={drafter.config.mask_token_id} is not a row of the target's embedding "
+            f"table (0..{rows - 1}). Set drafter.config.mask_token_id to an existing row the tokenizer does not use."
+        )
+    if target.get_output_embeddings() is None:
+        raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head): DFlash drafts through it.")
+
+
+def _tree_supported(target) -> bool:
+    """Whether the target can verify a tree: its attention must take an explicit 4-D mask (eager, sdpa)."""
+    implementation = target.config.get_text_config()._attn_implementation
+    if implementation in ("eager", "sdpa"):
+        return True
+    logger.warning_once(
+        f"draft_tree_size needs eager or sdpa attention (an explicit tree mask); {implementation} attention gets "
+        "a chain of drafts instead."
+    )
+    return False
+
+
+class DFlashProposer:
+    """Drafts for one `dflash_decode` call. Rows follow the decoder's live rows (`select_rows`).
+
+    `num_assistant_tokens`: drafts per step (at most the drafter's block); `assistant_confidence_threshold`: a step
+    verifies no drafts when every row's first draft is less likely than this (default: the drafter's); and
+    `draft_tree_size`: nodes per tree (0: a chain; default: the drafter's; "auto": sized per step by `auto`, an
+    `AutoTreeSize` whose `LoopCosts` the decoder feeds with its timed verifications). See `hf_dflash.generate`."""
+
+    def __init__(
+        self, target, drafter: DFlashDraftModel, *, batch_size: int, num_assistant_tokens: int | None = None,
+        assistant_confidence_threshold: float | None = None, draft_tree_size: int | str | None = None,
+    ):
+        check_compatible(target, drafter)
+        self.target, self.drafter = target, drafter
+        num_drafts = num_assistant_tokens
+        if num_drafts is not None and (not isinstance(num_drafts, int) or num_drafts < 0):
+            raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
+        # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
+        self.block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
+        draft_tree_size = drafter.draft_tree_size if draft_tree_size is None else draft_tree_size
+        if draft_tree_size != "auto" and (
+            not isinstance(draft_tree_size, int) or isinstance(draft_tree_size, bool) or draft_tree_size < 0
+        ):
+            raise ValueError(f"draft_tree_size={draft_tree_size!r}: use a whole number of draft nodes >= 0, or 'auto'.")
+        # "auto" replaces the drafter's tuned default threshold; an explicit one still applies
+        default_threshold = 0.0 if draft_tree_size == "auto" else drafter.assistant_confidence_threshold
+        threshold = default_threshold if assistant_confidence_threshold is None else assistant_confidence_threshold
+        if not 0 <= threshold <= 1:
+            raise ValueError(f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip).")
+        self.threshold = threshold
+
+        device = drafter.device
+        self.cache = DynamicCache()  # the drafter's: keys / values of the context, never of a block
+        self.cache_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [rows, cached]
+        self.cache_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [rows, cached]
+        self.context = None  # (features, valid, positions) of the tokens committed since the last draft
+        self.head = target.get_output_embeddings()
+        self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
+        if device.type == "cpu":
+            pack_linears(drafter)  # its bfloat16 linears multiply prepacked weights (`hf_dflash.cpu_ops`)
+            head = None if self.draft_head is None else self.draft_head[0]
+            if head is not None and head.weight.data_ptr() != _stored_weight(self.head).data_ptr():
+                pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
+        head = self.head if self.draft_head is None else self.draft_head[0]
+        self.draft_vocab_size = head.weight.shape[0]
+        self.prior = drafter.bigram_prior  # (keys, boosts, vocab size): buffers, on the drafter's device
+        self.auto = None
+        if draft_tree_size and not _tree_supported(target):
+            draft_tree_size = 0
+        if draft_tree_size == "auto":
+            costs = LoopCosts(load_forward_costs(target, batch_size=batch_size))
+            self.auto = AutoTreeSize(costs, max_depth=self.block_size - 1)
+            draft_tree_size = self.auto.max_nodes
+        self.tree_size = draft_tree_size
+        self.top_k = min(draft_tree_size, self.draft_vocab_size)  # candidates per position: no tree uses more
+
+    # --- the loop's interface ------------------------------------------------------------------------------
+    def features(self, hidden_states: tuple) -> torch.Tensor:
+        """The drafter's context from a target forward's `hidden_states` (embeddings first): its target layers
+        concatenated, [rows, length, len(target_layer_ids) * hidden], on the drafter's device (a target split over
+        devices gives each layer's output on that layer's device)."""
+        device = self.drafter.device
+        return torch.cat([hidden_states[i + 1].to(device) for i in self.drafter.config.target_layer_ids], dim=-1)
+
+    def extend_context(self, features: torch.Tensor, valid: torch.BoolTensor, positions: torch.LongTensor) -> None:
+        """The target's features [rows, n, F] of the tokens committed since the last draft, which of them are real
+        [rows, n] and their positions [rows, n]: the next drafter forward reads them and caches their keys."""
+        self.context = (features, valid, positions)
+
+    def select_rows(self, live: torch.LongTensor) -> None:
+        """Keep the rows `live` (indices into the current rows)."""
+        self.cache.batch_select_indices(live.to(self.drafter.device))
+        live = live.to(self.cache_valid.device)
+        self.cache_valid, self.cache_pos = self.cache_valid[live], self.cache_pos[live]
+        self.context = tuple(t[live.to(t.device)] for t in self.context)
+
+    def propose(self, decoder, verify_len: int) -> DraftTree:
+        """What to verify: each row's newest token, then drafts for the positions after it (a chain, or a tree), at
+        most `verify_len` tokens deep. `decoder`: the committed tokens (`newest_tokens()`, `next_pos`, ...)."""
+        newest = decoder.newest_tokens()
+        no_drafts = DraftTree.chain(newest[:, None])
+        if verify_len < 2:
+            return no_drafts
+        if self.tree_size:
+            return self.propose_tree(decoder, verify_len) or no_drafts
+        drafts, confidence = self.draft_chain(decoder, verify_len)
+        # All or nothing: cutting the block at a later unsure draft saves little, since verifying a few tokens costs
+        # about as much as a block; a one-token step costs much less where a block is expensive.
+        if self.threshold and bool((confidence < self.threshold).all()):
+            return no_drafts
+        return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1))
+
+    def accepted(self, tree: DraftTree, path: torch.LongTensor, num_accepted: torch.LongTensor) -> None:
+        """After a verification of `tree`: `path` [rows, L] its accepted slots (root first), `num_accepted` [rows]
+        the drafts each row accepted. "auto" learns how far the drafter's scores come true."""
+        if self.auto is not None and tree.scores is not None and tree.num_drafts:
+            self.auto.update(tree, path, num_accepted)
+
+    # --- building blocks -----------------------------------------------------------------------------------
+    def propose_tree(self, decoder, verify_len: int) -> DraftTree | None:
+        """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold, or
+        "auto" finding that no tree pays)."""
+        newest = decoder.newest_tokens()
+        ids, probs = self.draft_candidates(decoder, verify_len, self.top_k)
+        if self.prior is not None:  # [rows, D, k, k]: each parent's children
+            probs = conditional_probs(ids, probs, self.prior)
+        if self.threshold and bool((probs[:, 0, 0].reshape(len(ids), -1).amax(-1) < self.threshold).all()):
+            return None
+        tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
+        if self.auto is None:
+            return tree
+        num_drafts = self.auto.choose(tree)
+        return tree.first(num_drafts) if num_drafts else None
+
+    def draft_chain(self, decoder, verify_len: int) -> tuple:
+        """Drafts [rows, verify_len - 1] and, with a confidence threshold, the probability of each row's first draft
+        [rows] (else None). With a bigram prior: each position's best of its `PRIOR_CANDIDATES` most likely
+        candidates under the draft before it."""
+        if self.prior is not None:
+            k = min(PRIOR_CANDIDATES, self.draft_vocab_size)
+            ids, probs = self.draft_candidates(decoder, verify_len, k)
+            return conditional_chain(ids, conditional_probs(ids, probs, self.prior))
+        hidden = self.hidden_states(decoder, verify_len)
+        if not self.threshold:
+            return self.drafter.draft_tokens(hidden, self.head, self.draft_head), None
+        drafts, confidence = self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True)
+        return drafts, confidence[:, 0]
+
+    def draft_candidates(self, decoder, verify_len: int, k: int) -> tuple:
+        """The drafter's k most likely tokens for each draft position and their probabilities, most likely first:
+        ids and probs [rows, verify_len - 1, k]."""
+        hidden = self.hidden_states(decoder, verify_len)
+        return self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True, top_k=k)
+
+    def hidden_states(self, decoder, verify_len: int) -> torch.Tensor:
+        """One drafter forward over [newest, mask...]: the hidden states of the draft positions [rows, verify_len - 1,
+        hidden]. The drafter's cache keeps the new context, not the block."""
+        drafter = self.drafter
+        device = drafter.device
+        context, context_valid, context_pos = (t.to(device) for t in self.context)
+        newest = decoder.newest_tokens().to(device)
+        block_ids = torch.full((len(newest), verify_len), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        block_ids[:, 0] = newest
+        block_pos = decoder.next_pos.to(device)[:, None] + torch.arange(verify_len, device=device)
+        key_valid = torch.cat([self.cache_valid, context_valid, torch.ones_like(block_ids, dtype=torch.bool)], 1)
+        key_pos = torch.cat([self.cache_pos, context_pos, block_pos], dim=1)
+        hidden = drafter(
+            noise_embeds=drafter.embed(self.target, block_ids).to(device),
+            context_hidden_states=context,
+            position_ids=torch.cat([context_pos, block_pos], dim=1),
+            attention_mask=_drafter_masks(drafter.config, key_valid, key_pos, block_pos),
+            cache=self.cache,
+        ).last_hidden_state
+        self.cache.crop(-verify_len)  # keep the context, drop the block
+        self.cache_valid = torch.cat([self.cache_valid, context_valid], dim=1)
+        self.cache_pos = torch.cat([self.cache_pos, context_pos], dim=1)
+        return hidden[:, 1:]
+
+
+def _drafter_masks(config, key_valid, key_pos, query_pos) -> dict | None:
+    """Per-layer-type 4-D masks `[rows, 1, V, keys]`, or None when every key is visible to every query."""
+    layer_types = set(config.layer_types or ["full_attention"])
+    if key_valid.all() and layer_types == {"full_attention"}:
+        return None
+    visible = key_valid[:, None, None, :].expand(-1, 1, query_pos.shape[1], -1)
+    masks = {"full_attention": visible}
+    if "sliding_attention" in layer_types:
+        distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
+        masks["sliding_attention"] = visible & (distance >= 0) & (distance < config.sliding_window)
+    return masks

@@ -1,0 +1,188 @@
+"""Draft trees (DDTree, arXiv 2604.12989): many candidate continuations verified in one target forward.
+
+One drafter forward gives a distribution over the draft vocabulary at every block position. A node at depth d is a
+token for block position d; its score, the product of the drafter's probabilities along its path, is the
+probability that the target accepts the node if the drafter is calibrated. `build_tree` keeps the `budget` best
+nodes, best first. The target verifies all of them in one forward where each node sees the cache and its own
+ancestors only (`tree_attention_mask`, positions = the next position + depth), the loop walks down the tree
+following the target's own choices (`Decoder.verify`), and the cache keeps the accepted path only
+(`kv_cache.gather_path`, then `kv_cache.keep_verified` as for a chain).
+
+A chain of drafts is the tree where every node has one child: `DraftTree.chain`.
+"""
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import DynamicSlidingWindowLayer
+
+from ..cpu_ops import argmax
+
+
+@dataclass
+class DraftTree:
+    """The tokens one target forward verifies. Per row, slot 0 is the root (the newest committed token, not yet in
+    the cache) and slots 1..N the draft nodes in best-first order: a parent comes before its children, so the first
+    n slots are a tree too. Every row has the same number of nodes."""
+
+    tokens: torch.LongTensor  # [rows, 1 + N] target token ids
+    parents: torch.LongTensor  # [rows, 1 + N] the parent's slot; -1 for the root
+    depths: torch.LongTensor  # [rows, 1 + N] 0 for the root; a node at depth d drafts block position d
+    scores: torch.Tensor | None = None  # [rows, N] path probabilities (non-increasing per row); None for a chain
+    is_chain: bool = False  # every node the only child of the one before: the target's causal mask does
+
+    @classmethod
+    def chain(cls, block: torch.LongTensor) -> "DraftTree":
+        """`block` [rows, V]: the newest token, then V - 1 drafts, each the child of the one before."""
+        slots = torch.arange(block.shape[1], device=block.device).expand_as(block)
+        return cls(block, slots - 1, slots, is_chain=True)
+
+    @property
+    def num_drafts(self) -> int:
+        return self.tokens.shape[1] - 1
+
+    def first(self, num_drafts: int) -> "DraftTree":
+        """The tree of the `num_drafts` best nodes (a prefix of the slots, parents first)."""
+        end = num_drafts + 1
+        scores = None if self.scores is None else self.scores[:, :num_drafts]
+        return DraftTree(self.tokens[:, :end], self.parents[:, :end], self.depths[:, :end], scores, self.is_chain)
+
+
+def build_tree(root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tensor, budget: int) -> DraftTree:
+    """The best-first tree of at most `budget` draft nodes under each row's `root` token.
+
+    `ids`, `probs` [rows, D, k]: the drafter's k most likely tokens for block positions 1..D and their probabilities,
+    most likely first. Every node at depth d then has the same k candidate children (the drafter's distribution at
+    position d + 1 does not depend on the path), so from a node the next best candidates are its first child and its
+    next sibling: a heap over those yields the nodes in non-increasing score order, and the tree holds the chain of
+    argmaxes' first nodes. `probs` [rows, D, k, k] instead: the children's probabilities under their parent
+    (`hf_dflash.bigram.conditional_probs`; [r, d, j] under candidate j of position d), each parent ranking its
+    children by its own row.
+    """
+    rows, depth, k = ids.shape
+    conditional = probs.dim() == 4
+    # p[r][d][j]: position d's candidates, best first, under candidate j of position d - 1 (j = 0 unconditional)
+    order = probs.sort(dim=-1, descending=True, stable=True).indices if conditional else None
+    p = (probs.gather(-1, order) if conditional else probs[:, :, None]).double().tolist()  # the heap runs in Python
+    order = order.tolist() if conditional else None
+    size = min(budget, sum(k**d for d in range(1, depth + 1)))  # the same for every row
+    nodes = []  # per row, in slot order: (depth - 1, candidate index, parent slot)
+    scores = []  # per row, in slot order: the path probability
+    for r in range(rows):
+        row_nodes, row_scores = [], [1.0]  # row_scores[slot]; the root is slot 0
+        heap = [(-p[r][0][0][0], 0, 0, 0, 0)]  # (-score, depth - 1, rank under the parent, parent slot, its index)
+        while len(row_nodes) < size:
+            negative, d, rank, parent, j = heapq.heappop(heap)
+            index = order[r][d][j][rank] if conditional else rank
+            row_nodes.append((d, index, parent))
+            row_scores.append(-negative)
+            if rank + 1 < k:  # its next sibling
+                heapq.heappush(heap, (-row_scores[parent] * p[r][d][j][rank + 1], d, rank + 1, parent, j))
+            if d + 1 < depth:  # its first child
+                child_row = index if conditional else 0
+                heapq.heappush(heap, (negative * p[r][d + 1][child_row][0], d + 1, 0, len(row_nodes), child_row))
+        nodes.append(row_nodes)
+        scores.append(row_scores[1:])
+    device = ids.device
+    # [rows, size, 3], also for size == 0
+    index = torch.tensor(nodes, dtype=torch.long, device=device).view(rows, size, 3)
+    position, rank, parent = index.unbind(-1)  # position: depth - 1; rank: the candidate's index into `ids`
+    tokens = ids[torch.arange(rows, device=device)[:, None], position, rank]  # [rows, size]
+    return DraftTree(
+        tokens=torch.cat([root.to(device)[:, None], tokens], dim=1),
+        parents=torch.cat([parent.new_full((rows, 1), -1), parent], dim=1),
+        depths=torch.cat([position.new_zeros(rows, 1), position + 1], dim=1),
+        scores=torch.tensor(scores, dtype=torch.float64, device=device).view(rows, size),
+    )
+
+
+def ancestors(tree: DraftTree) -> torch.BoolTensor:
+    """[rows, T, T]: slot j is slot i itself or one of its ancestors. From "itself or its parent", each squaring of
+    the reach matrix doubles the distance covered: log2(depth) small matmuls (exact: 0/1 sums of at most T terms)
+    instead of a pass per slot."""
+    rows, length = tree.parents.shape
+    device = tree.parents.device
+    reach = torch.eye(length, device=device).repeat(rows, 1, 1)
+    reach[:, 1:].scatter_(-1, tree.parents[:, 1:, None], 1.0)
+    span, depth = 1, int(tree.depths.max())
+    while span < depth:
+        reach = (reach @ reach).clamp_(max=1)
+        span *= 2
+    return reach.bool()
+
+
+def tree_attention_mask(tree: DraftTree, valid: torch.BoolTensor, cache, dtype: torch.dtype):
+    """The target's attention mask for verifying `tree`: each node sees the valid cache slots and its ancestors.
+
+    Additive 4-D masks `[rows, 1, T, keys]` (transformers uses a 4-D mask as given, and eager attention adds it).
+    `valid` [rows, S] marks the real cache slots; with sliding-window layers they are left-padded, so slot j of a
+    row sits at position `next_pos - S + j` and a node at depth d at `next_pos + d`. Sliding-window layers return
+    only their window of the old slots plus the block, and see a key only within the window, counted in positions:
+    they get their own mask, and a target with both kinds of layers gets `{"full_attention": ...,
+    "sliding_attention": ...}`, the per-layer-type mapping transformers' hybrid models accept.
+    """
+    family = ancestors(tree)  # [rows, T, T]
+    rows, length = tree.tokens.shape
+    slots = valid.shape[1]
+    masks = {}
+    for layer in cache.layers:
+        sliding = isinstance(layer, DynamicSlidingWindowLayer)
+        kind = "sliding_attention" if sliding else "full_attention"
+        if kind in masks:
+            continue
+        if not sliding:
+            visible = torch.cat([valid[:, None, :].expand(rows, length, slots), family], dim=-1)
+        else:
+            window = layer.sliding_window
+            stored = min(layer.keys.shape[-2], window - 1)  # what `update` returns of the old slots
+            old = torch.arange(slots - stored, slots, device=valid.device)
+            distance = (slots + tree.depths)[:, :, None] - old  # [rows, T, stored]
+            seen_old = valid[:, None, slots - stored :] & (distance < window)
+            seen_block = family & (tree.depths[:, :, None] - tree.depths[:, None, :] < window)
+            visible = torch.cat([seen_old, seen_block], dim=-1)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+        masks[kind] = mask.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+def mask_one_token(device) -> bool:
+    """Whether a one-token verification in tree mode takes a 4-D mask (`tree_attention_mask`) rather than none. On a
+    CPU, SDPA's kernel for a single query without a mask is slower in bfloat16 than with one (docs/design.md), and
+    "auto" times its curve the same way (`forward_costs.time_forwards`). Elsewhere one-token steps keep the maskless
+    path, the one GPU kernels are tuned for."""
+    return torch.device(device).type == "cpu"
+
+
+def greedy_paths(scores: torch.Tensor, tree: DraftTree) -> tuple[list[list[int]], list[list[int]]]:
+    """Each row's greedy walk down `tree`: from the root on to the child that drafted the best-scoring token after
+    the current slot, while there is one. `scores` [rows, slots, vocab]. Returns per row the path's slots and the
+    token chosen after each (the accepted drafts, then the target's own).
+
+    A chain takes every slot's maximum in one op: its slots are all visited when its drafts are right. On a CPU a
+    tree takes one op per depth over the slots the walks reached: most of its nodes are off the accepted path, whose
+    maxima would be wasted work. An accelerator takes every node's at once (one host round trip instead of one per
+    depth). `cpu_ops.argmax` rather than `torch.argmax`: the same first index of the maximum (the float32 upcast of
+    `generate` is exact), faster on a CPU (docs/design.md)."""
+    rows, slots, _ = scores.shape
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    at_once = tree.is_chain or scores.device.type != "cpu"
+    every = argmax(scores).tolist() if at_once else None
+    paths, choices = [[0] for _ in range(rows)], [[] for _ in range(rows)]
+    live = list(range(rows))
+    while live:
+        at = [paths[r][-1] for r in live]
+        if every is None:
+            best = argmax(scores[live, at]).tolist()
+        else:
+            best = [every[r][slot] for r, slot in zip(live, at)]
+        still = []
+        for r, slot, choice in zip(live, at, best):
+            choices[r].append(choice)
+            # parents come before their children, and siblings hold distinct tokens
+            child = next((k for k in range(slot + 1, slots) if parents[r][k] == slot and tokens[r][k] == choice), None)
+            if child is not None:
+                paths[r].append(child)
+                still.append(r)
+        live = still
+    return paths, choices
