@@ -2,7 +2,7 @@
 
 A DFlash drafter gives each block position one distribution, the same whatever is drafted before it. So the chain's
 drafts need not fit together, and in a tree the children of a runner-up are guesses made for the argmax above them
-(on SmolLM2: accepted 0.14-0.23 of the time where their probability says 0.34-0.55). The prior reweights each
+(accepted far less often than their probability says: docs/design.md). The prior reweights each
 candidate x under its parent token a by how much a made x likelier in the drafter's training responses:
 
     q(x | a) ~ p_d(x) * boost(a, x),    boost(a, x) = (1 + mix / (1 - mix) * P(x | a) / P(x)) ** beta
@@ -12,9 +12,9 @@ bigram over the unigram, (mix * P(x | a) + (1 - mix) * P(x)) / P(x), to the powe
 (1 - mix) ** beta that the renormalization removes anyway; pairs seen fewer than `min_count` times get boost 1.
 The first draft keeps the drafter's own probabilities: its parent, the newest committed token, is the block's first
 token, which the drafter reads. The chain then drafts each later position's best candidate under the draft before it;
-a tree's children are ranked under their own parent (`hf_dflash.tree.build_tree` with conditional probabilities).
+a tree's children are ranked under their own parent (`generation.tree.build_tree` with conditional probabilities).
 Verification is unchanged, so the output is too. The defaults (beta 0.5, mix 0.9, min_count 2) were chosen on GSM8K,
-HumanEval and MT-Bench and checked on MBPP and AlpacaEval (examples/drafters/RESULTS.md).
+HumanEval and MT-Bench and checked on MBPP and AlpacaEval (docs/design.md).
 
 The prior lives in the drafter (`DFlashDraftModel.set_bigram_prior`: two tensors, saved with the weights), made by
 `hf-dflash train` from its training data, or later by `hf-dflash bigram-prior`.
@@ -83,8 +83,7 @@ def conditional_probs(ids: torch.LongTensor, probs: torch.Tensor, prior: tuple) 
     k] (most likely first; `DFlashDraftModel.draft_tokens(top_k=k)`). Entry [r, d, j] holds position d's candidates
     under candidate j of position d - 1, summing to what the drafter gave them. The first position's parent is the
     newest committed token, which the drafter reads itself (its block's first token): it keeps the drafter's own
-    probabilities, for every j (counting that token again made its first drafts surer, not righter: on SmolLM2 the
-    top first draft's probability rose by 0.02-0.07 on average while it was right as often)."""
+    probabilities, for every j (counting that token again made its first drafts surer, not righter: docs/design.md)."""
     rows, depth, k = ids.shape
     boost = lookup(prior, ids[:, :-1, :, None], ids[:, 1:, None, :])  # [rows, D - 1, k, k]
     boost = torch.cat([boost.new_ones(rows, 1, k, k), boost], dim=1)  # [rows, D, k, k]

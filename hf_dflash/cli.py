@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="thinking mode for chat templates that have one (recorded in the data)")
     p.add_argument("--dtype", default="auto",
                    help="dtype of the target: auto = bfloat16 where the device computes it natively (CPUs with "
-                        "AVX512-BF16/AMX, GPUs; regeneration about 2x faster there), else float32")
+                        "AVX512-BF16/AMX, GPUs: regeneration is faster there), else float32")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--save-features", metavar="DIR",
                    help="also store the target's features of every sample, captured while generating "

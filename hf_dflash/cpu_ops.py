@@ -1,17 +1,16 @@
 """Small operations of every decoding step, made cheaper on a CPU without changing a bit of their results.
 
-- `argmax`: the verification's greedy choice over a block's logits. torch's `max(-1)` over [16, 49,152] bfloat16
-  logits took 0.97 ms right after the target's forward (one thread here), more than anything else in the loop but
-  the two forwards; a first pass of `amax` over chunks (vectorized) and a `max` inside the one chunk holding the
-  maximum took 0.48 ms, with the same first index of the maximum.
+- `argmax`: the verification's greedy choice over a block's logits. torch's `max(-1)` over a block of bfloat16
+  logits cost more than anything else in the loop but the two forwards; a first pass of `amax` over chunks
+  (vectorized) and a `max` inside the one chunk holding the maximum take about half as long, with the same first
+  index of the maximum (docs/design.md).
 - `PackedLinear`: `F.linear` with bfloat16 weights hands oneDNN a row-major weight, which it reorders into its
   blocked layout on every call; for the few rows a drafter multiplies per step that reorder is a large share of
   the call. `pack_linears(drafter)` makes its linears multiply with a copy packed once
-  (`torch.ops.mkldnn._reorder_linear_weight`, as torch.compile's CPU freezing does): a 16 x 576 by 576 x 1,536
-  product took 0.37 ms instead of 0.61 with its weights out of cache (as after the target's forward, every step),
-  0.06 instead of 0.11 in cache, with bitwise the same output (the same kernel, the same order of additions).
-  The draft head (the drafter's gathered copy of the target's head rows, `DFlashDraftModel.draft_head`) is packed
-  too: 15 x 576 by 576 x 8,192 took 1.0-1.3 ms instead of 2.0-2.1 with its weights out of cache.
+  (`torch.ops.mkldnn._reorder_linear_weight`, as torch.compile's CPU freezing does), with bitwise the same output
+  (the same kernel, the same order of additions) in less time, most of all with its weights out of cache, as after
+  the target's forward every step (docs/design.md). The draft head (the drafter's gathered copy of the target's
+  head rows, `DFlashDraftModel.draft_head`) is packed too.
 """
 
 import functools
@@ -22,7 +21,7 @@ from torch.nn import functional as F
 
 from .modeling.modeling_dflash import _same_states, _tensor_states
 
-CHUNK = 512  # the fastest of 64-2,048 for 8-16 rows of a 49K vocabulary here
+CHUNK = 512  # the fastest chunk width for a block of rows of a large vocabulary (docs/design.md)
 
 
 def argmax(scores: torch.Tensor) -> torch.LongTensor:

@@ -30,7 +30,7 @@ def native_bf16(device: str | torch.device | None = None) -> bool:
 @functools.cache  # read per `generate` call with "auto" (its cost curve's cache key); the CPU never changes
 def cpu_description() -> str:
     """The CPU's model name and the features torch's kernels use, e.g. "AMD EPYC (avx2, avx512, avx512_bf16)": two CPUs
-    that a kernel version or `platform` cannot tell apart may differ 30 % in speed and in what bfloat16 costs."""
+    that a kernel version or `platform` cannot tell apart may differ much in speed and in what bfloat16 costs."""
     name = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -72,11 +72,9 @@ def without_cudnn_attention(device):
     """Inside: `scaled_dot_product_attention` without its cuDNN backend where `device` is CUDA (else: nothing changes);
     restored on leaving, whatever the user had set.
 
-    On Hopper, torch (2.11, cuDNN 9.19) picks cuDNN for bfloat16 attention without a mask or with a boolean one, and
-    cuDNN builds a graph for every new pair of query and key lengths: about 60 ms each on an H200, against 0.1-0.2 ms
-    for the flash or memory-efficient kernel. Decoding meets a new key length at every step, in the target's
-    verification and in the drafter's forward, so a prompt whose lengths were not seen before paid it twice a step
-    (drafter 45 ms against 4.8 ms a step: examples/drafters/RESULTS.md, "The GPU's slow prompt")."""
+    On Hopper, cuDNN may be picked for bfloat16 attention without a mask or with a boolean one, and it builds a graph
+    for every new pair of query and key lengths, which costs far more than the attention itself. Decoding meets a new
+    key length at every step, in the target's verification and in the drafter's forward (docs/design.md)."""
     if torch.device(device).type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
         yield
         return

@@ -28,7 +28,7 @@ class TrainingConfig:
     epochs: float = 6.0
     max_steps: int | None = None  # overrides epochs
     # bf16 autocast with fp32 master weights. None: on where the device computes bf16 natively (CUDA, or a CPU with
-    # AVX512-BF16 / AMX, where a SmolLM2 drafter step runs several times faster); off elsewhere, where it is slower.
+    # AVX512-BF16 / AMX, where a drafter step runs several times faster); off elsewhere, where it is slower.
     bf16: bool | None = None
     seed: int = 0
     save_steps: int = 200
@@ -45,13 +45,13 @@ class TrainingConfig:
     target_device_map: str | None = None  # e.g. "auto": spread a target too large for one device over all of them
     init_from: str | None = None  # start from these drafter weights (drafter folder, Hub id, checkpoint, file)
     # hf-dflash extension: draft only the N most frequent response tokens of the data, and score only those rows in
-    # the loss (a label outside them is masked: the drafter can never propose it). On SmolLM2, 8K of 49K rows.
+    # the loss (a label outside them is masked: the drafter can never propose it). Sized in docs/design.md.
     draft_vocab_size: int | None = None
     # hf-dflash extension: the bigram prior of the training responses, counted into the saved drafter
-    # (`hf_dflash.bigram`): drafts conditioned on their parent token, +1-8 % acceptance on SmolLM2 at no training cost.
+    # (`hf_dflash.bigram`): drafts conditioned on their parent token, higher acceptance at no training cost.
     bigram_prior: bool = True
     # dpace: cross-entropy weighted by the drafter's own per-slot confidence (D-PACE): measured best at a small budget
-    # (1024 SmolLM2 samples, 1500 steps: acceptance 1.45 vs 1.38 for the paper's ce and 1.34 for lk; README).
+    # (docs/design.md).
     # ce: the paper's weighted cross-entropy; lk: the target's distribution (needs a store with --target-topk).
     loss: str = "dpace"
     dpace_alpha: float = 0.5  # D-PACE smoothing q~ = (1 - alpha) q + alpha: keeps late slots from vanishing

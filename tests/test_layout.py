@@ -1,0 +1,132 @@
+"""The package's architecture, checked from its source: import layers without circles, the proposer / decoder seam
+the oracle drafts through, files short enough to read, and the import paths kept from the old layout."""
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# the source folders and the package names they install as (pyproject.toml's package-dir)
+SOURCES = {"hf_dflash": ROOT / "hf_dflash", "hf_dflash.modeling": ROOT / "modeling"}
+# old module paths kept for existing code: each only re-exports from the new layout
+ALIASES = {"hf_dflash.hooks", "hf_dflash.tree", "hf_dflash.cost_model", "hf_dflash.data", "hf_dflash.oracle"}
+LOWER = ("hf_dflash.modeling", "hf_dflash.prompts", "hf_dflash.paths", "hf_dflash.devices", "hf_dflash.cpu_ops",
+         "hf_dflash.bigram")
+HIGHER = ("hf_dflash.generation", "hf_dflash.training", "hf_dflash.bench", "hf_dflash.cli")
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for package, folder in SOURCES.items():
+        for path in folder.rglob("*.py"):
+            if "drafters" in path.parts:
+                continue
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The package's own modules `name` imports, at module level or inside functions."""
+    is_package = path.name == "__init__.py"
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            origin = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in MODULES else origin for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in MODULES and t != name)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_source_was_found():
+    assert {"hf_dflash.generation.loop", "hf_dflash.generation.proposer", "hf_dflash.bench.oracle",
+            "hf_dflash.modeling.modeling_dflash", "hf_dflash.prompts"} <= set(MODULES)
+    assert "hf_dflash.generation.decoder" in GRAPH["hf_dflash.generation.loop"]
+
+
+def test_no_import_circles():
+    def parent_packages(name):  # importing a module runs its parents first: not an edge of a circle
+        parts = name.split(".")
+        return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+    state = {}
+
+    def visit(name, stack):
+        state[name] = "open"
+        for other in sorted(GRAPH[name] - parent_packages(name)):
+            if state.get(other) == "open":
+                cycle = stack[stack.index(other):] + [other]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if other not in state:
+                visit(other, stack + [other])
+        state[name] = "done"
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_lower_layers_import_nothing_from_higher_ones():
+    for name, imported in GRAPH.items():
+        if _within(name, LOWER):
+            bad = sorted(i for i in imported if _within(i, HIGHER) or i in ALIASES)
+            assert not bad, f"{name} imports {bad}"
+
+
+def test_wings_import_downwards_only():
+    order = ["hf_dflash.generation", "hf_dflash.training", "hf_dflash.bench", "hf_dflash.cli"]  # each may use those before it
+    for name, imported in GRAPH.items():
+        for rank, wing in enumerate(order):
+            if _within(name, [wing]):
+                bad = sorted(i for i in imported if _within(i, order[rank + 1:]) or i in ALIASES)
+                assert not bad, f"{name} imports {bad}"
+    assert "hf_dflash.generation.hooks" not in GRAPH["hf_dflash.generation.loop"]  # the hooks import the loop
+
+
+def test_the_oracle_drafts_through_public_methods_only():
+    from hf_dflash.bench.oracle import OracleDecoder, OracleProposer
+    from hf_dflash.generation import Decoder, DFlashProposer
+
+    for cls, base in ((OracleProposer, DFlashProposer), (OracleDecoder, Decoder)):
+        assert issubclass(cls, base)
+        overridden = [n for n, v in vars(cls).items() if callable(v) and n != "__init__" and hasattr(base, n)]
+        assert overridden and not [n for n in overridden if n.startswith("_")], (cls.__name__, overridden)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in MODULES.items() if n.startswith("hf_dflash")))
+def test_no_module_is_too_long_to_read(name):
+    assert len(MODULES[name].read_text().splitlines()) <= 500
+
+
+def test_old_import_paths_still_work():
+    from hf_dflash.bench import acceptance_on_prompts, benchmark, chat_inputs, load_prompt_set  # noqa: F401
+    from hf_dflash.cost_model import load_forward_costs, measure_forward_costs  # noqa: F401
+    from hf_dflash.data import prepare_data, read_prompts  # noqa: F401
+    from hf_dflash.generation import DFlashGenerateOutput, dflash_decode, generate  # noqa: F401
+    from hf_dflash.hooks import install_hooks, original_generate  # noqa: F401
+    from hf_dflash.oracle import OracleDrafts, build_random_models  # noqa: F401
+    from hf_dflash.tree import DraftTree, build_tree  # noqa: F401
+
+    for alias in ALIASES:
+        module = importlib.import_module(alias)
+        assert set(module.__all__) <= set(dir(module))
