@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# The device checks prepared for a session lent a CUDA GPU (none has run them yet: session 22's machine was withdrawn
-# before the first call). From the repository root on the GPU machine, with torch there (its own CUDA build):
+# The checks to run on a CUDA GPU. From the repository root on the GPU machine, with torch there (its own CUDA build):
 #
 #   OUT=cuda_checks_out bash examples/cuda_checks.sh        # ~5 minutes on an H100 / H200
 #

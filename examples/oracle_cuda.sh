@@ -3,12 +3,13 @@
 # float32 with a matching random 5-layer drafter, block 16, batch 1 and 8. The drafter runs every step as a trained
 # one would, then the target's own greedy continuation replaces its drafts (always right), so the run measures the
 # loop's speedup over plain generate against the ceiling 16 x t(1) / t(16), the target's forwards timed in the same
-# run (hf-dflash README, "Benchmark").
+# run (docs/benchmark.md).
 #
 # Why float32: a random target's logits are nearly flat, and in bfloat16 a verification over 16 tokens rounds them
 # differently from one-token forwards, so its argmax leaves the precomputed continuation at most steps (on an H200,
-# 34 of 40 steps rejected an oracle draft: examples/drafters/oracle-cuda-h200/), and the run measures near-ties and
-# the oracle's recomputations rather than the loop. DTYPE=bfloat16 runs it anyway.
+# 34 of 40 steps rejected an oracle draft: examples/drafters/oracle-cuda-h200/ at commit 39fc9e6, indexed in
+# docs/results.md), and the run measures near-ties and the oracle's recomputations rather than the loop.
+# DTYPE=bfloat16 runs it anyway.
 #
 #   bash examples/oracle_cuda.sh [OUTPUT_DIR]      # default: oracle_cuda_out
 #

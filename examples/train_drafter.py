@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 
-from hf_dflash.bench import acceptance_on_prompts
-from hf_dflash.data import prepare_data, read_prompts
 from hf_dflash.packaged import SMOLLM2_ID, load_packaged
-from hf_dflash.training import TrainingConfig, train
+from hf_dflash.prompts import read_prompts
+from hf_dflash.training import TrainingConfig, acceptance_on_prompts, prepare_data, train
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--workdir", default="runs/smollm2")

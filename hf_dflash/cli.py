@@ -167,9 +167,9 @@ def bigram_prior_cmd(args) -> int:
     import tempfile
 
     from .bigram import count_bigram_prior
-    from .training.data import load_samples
     from .hub import REMOTE_CODE
     from .modeling import DFlashDraftModel
+    from .training.data import load_samples
 
     drafter = DFlashDraftModel.from_pretrained(args.folder, dtype="auto")
     samples, _ = load_samples(args.data, max_length=args.max_length)

