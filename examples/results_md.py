@@ -105,8 +105,10 @@ def snapshot_section(snapshot: dict) -> list[str]:
     results, folder = snapshot["results"], snapshot["folder"]
     m, s = results["machine"], results["settings"]
     trees = ", ".join("chain" if t == 0 else str(t) for t in s["draft_tree_sizes"] or ["the drafter's own"])
+    path = ", DFlash on the fixed-shape path" if s.get("cache_implementation") == "static" else ""
+    compiled = f", compiled with {s['compile_config']['backend']}" if s.get("compile_config") else ""
     lines = [
-        f"### {folder.name}: target {s['target_dtype'].removeprefix('torch.')}",
+        f"### {folder.name}: target {s['target_dtype'].removeprefix('torch.')}{path}",
         "",
         f"Machine: {m.get('cuda') or m.get('cpu') or m['processor']}, {m['cpu_count']} CPU cores, "
         f"{m['torch_threads']} torch thread(s) per run, device {s.get('device', 'cpu')}; torch {m['torch']}, "
@@ -114,7 +116,8 @@ def snapshot_section(snapshot: dict) -> list[str]:
         f"Settings: target {s['target_dtype']}, drafter {s['drafter_dtype']}; {s['max_new_tokens']} new tokens, "
         f"{', '.join(s['modes'])}, batch {', '.join(map(str, s['batch_sizes']))}, block "
         f"{', '.join(map(str, s['block_sizes'] or ['as shipped']))}, draft trees: {trees}; prompts per set: "
-        + ", ".join(f"{name} {n}" for name, n in s["num_prompts"].items()) + ".",
+        + ", ".join(f"{name} {n}" for name, n in s["num_prompts"].items())
+        + f"; baselines: {', '.join(s.get('baselines') or ['plain'])}{compiled}.",
         "",
     ]
     if snapshot["command"]:

@@ -1,7 +1,7 @@
 """hf-dflash: DFlash block-diffusion speculative decoding as a drop-in transformers extension.
 
     import hf_dflash
-    drafter = AutoModel.from_pretrained("z-lab/Qwen3-8B-DFlash-b16")
+    drafter = AutoModel.from_pretrained("z-lab/Qwen3-8B-DFlash-b16")  # DFlash and DFlash2 drafters alike
     target.generate(**inputs, assistant_model=drafter)
 
 Importing the package registers the drafter with `AutoModel` and installs the `generate` hook
@@ -10,13 +10,15 @@ Importing the package registers the drafter with `AutoModel` and installs the `g
 
 from .generation import DFlashGenerateOutput, check_compatible, dflash_decode, generate
 from .generation.hooks import install_hooks, uninstall_hooks
-from .modeling import DFlashConfig, DFlashDraftModel, default_target_layer_ids
+from .modeling import DFlash2Config, DFlash2DraftModel, DFlashConfig, DFlashDraftModel, default_target_layer_ids
 
 __version__ = "0.1.0"
 
 install_hooks()
 
 __all__ = [
+    "DFlash2Config",
+    "DFlash2DraftModel",
     "DFlashConfig",
     "DFlashDraftModel",
     "DFlashGenerateOutput",

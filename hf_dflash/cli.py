@@ -262,12 +262,18 @@ def bench_cmd(args) -> int:
           f"| sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
     if note:
         print("NOTE: " + note)
+    compile_config = None
+    if args.compile:
+        from transformers import CompileConfig
+
+        compile_config = CompileConfig(mode="default" if device.type == "cpu" else "reduce-overhead")
+        compile_config._compile_all_devices = True  # transformers' own switch for compiling on any device
     results = benchmark(
         target, drafter, tokenizer, prompt_sets, block_sizes=args.block_sizes, batch_sizes=args.batch_sizes,
         modes=args.modes, temperature=args.temperature, max_new_tokens=args.max_new_tokens, baselines=args.baselines,
         threads=args.threads, warmup=args.warmup, seed=args.seed, drafter_note=note,
         assistant_confidence_threshold=args.assistant_confidence_threshold, draft_tree_sizes=args.draft_tree_sizes,
-        oracle=args.oracle,
+        oracle=args.oracle, cache_implementation=args.cache_implementation, compile_config=compile_config,
     )
     results["target"], results["drafter"]["source"] = source, args.drafter or "untrained (random)"
     paths = write_outputs(results, args.output_dir, make_plot=not args.no_plot)
@@ -392,8 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--assistant-confidence-threshold", type=float,
                    help="DFlash steps verify no drafts below this first-draft probability (default: the drafter's)")
-    p.add_argument("--baselines", nargs="*", choices=["plain", "prompt_lookup", "native", "reference"],
-                   default=["plain", "prompt_lookup", "native", "reference"])
+    p.add_argument("--baselines", nargs="*", choices=["plain", "static", "prompt_lookup", "native", "reference"],
+                   default=["plain", "static", "prompt_lookup", "native", "reference"],
+                   help="static: plain generate with a static cache, compiled where transformers compiles it")
+    p.add_argument("--cache-implementation", choices=["static"],
+                   help="static: the DFlash calls take the fixed-shape path (docs/usage.md)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the static baseline and the fixed-shape path on any device (transformers compiles "
+                        "them on accelerators only)")
     p.add_argument("--threads", type=int, default=1, help="torch threads, pinned so timings compare")
     p.add_argument("--warmup", type=int, default=1, help="untimed prompt batches per run")
     p.add_argument("--seed", type=int, default=0)

@@ -90,6 +90,14 @@ class DFlashConfig(Qwen3Config):
                 "Choose an existing embedding row the tokenizer does not use."
             )
 
+    def layer_is_causal(self, layer_type: str) -> bool:
+        """Whether the block attends causally in a drafter layer of this type: the config's `is_causal` (or the
+        z-lab block's `causal`) where set, for every layer; otherwise sliding-window layers only, as the reference
+        reads z-lab files (DFlash2 drafters set `is_causal: false` on their sliding layers)."""
+        flag = getattr(self, "is_causal", None)
+        flag = (self.dflash_config or {}).get("causal") if flag is None else flag
+        return layer_type == "sliding_attention" if flag is None else bool(flag)
+
     def to_dict(self) -> dict:
         output = super().to_dict()
         block = {key: output.pop(key) for key in ("mask_token_id", "target_layer_ids")}
@@ -97,4 +105,56 @@ class DFlashConfig(Qwen3Config):
         return output
 
 
-__all__ = ["DFlashConfig", "default_target_layer_ids"]
+# Keys of a DFlash2 drafter, inside `dflash_config` in the z-lab format.
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+class DFlash2Config(DFlashConfig):
+    r"""
+    Configuration of a DFlash2 drafter: a DFlash drafter plus dynamic causal convolutions and a candidate selector.
+
+    Args:
+        conv_kernel_size (`int`, defaults to 2):
+            Taps of the causal convolution along the block, before each layer's attention and before its MLP.
+        conv_group_size (`int`, defaults to 16):
+            Channels that share one dynamic tap (the hidden size must be a multiple).
+        selector_rank (`int`, defaults to 256):
+            Rank of the candidate selector's bigram interaction.
+        selector_top_k (`int`, defaults to 16):
+            Candidates per block position among which the selector chooses.
+    """
+
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+
+    def __post_init__(self, **kwargs):
+        block = dict(self.dflash_config or {})
+        for key in DFLASH2_KEYS:
+            if key in block:
+                setattr(self, key, int(block[key]))
+        self.dflash_config = {**block, **{key: getattr(self, key) for key in DFLASH2_KEYS}}
+        kwargs.setdefault("architectures", ["DFlash2DraftModel"])
+        super().__post_init__(**kwargs)
+
+    def validate_dflash(self) -> None:
+        super().validate_dflash()
+        if self.conv_kernel_size < 1 or self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
+            raise ValueError(
+                f"conv_kernel_size={self.conv_kernel_size}, conv_group_size={self.conv_group_size}: need both >= 1 "
+                f"and hidden_size ({self.hidden_size}) a multiple of conv_group_size."
+            )
+        if self.selector_rank < 1 or not 1 <= self.selector_top_k <= self.vocab_size:
+            raise ValueError(
+                f"selector_rank={self.selector_rank}, selector_top_k={self.selector_top_k}: need a rank >= 1 and "
+                f"1 <= top_k <= vocab_size ({self.vocab_size})."
+            )
+
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        output["dflash_config"].update({key: output.pop(key) for key in DFLASH2_KEYS if key in output})
+        return output
+
+
+__all__ = ["DFlash2Config", "DFlashConfig", "default_target_layer_ids"]

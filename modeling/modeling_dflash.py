@@ -10,6 +10,7 @@ What differs from Qwen3 (everything else is imported from transformers' Qwen3 mo
 """
 
 import shutil
+import sys
 import weakref
 from pathlib import Path
 
@@ -126,9 +127,14 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     _supports_flash_attn = False  # blocks see arbitrary key subsets: needs an explicit mask
     _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.", r"embed_tokens\.", r"lm_head\."]
 
+    decoder_layer_class = DFlashDecoderLayer  # DFlash2 swaps in its own
+
     def __init__(self, config: DFlashConfig):
+        if type(self) is DFlashDraftModel and "selector_top_k" in (config.dflash_config or {}):
+            raise ValueError("This is a DFlash2 drafter's config: load it with AutoModel.from_pretrained(...) after "
+                             "`import hf_dflash`, or hf_dflash.DFlash2DraftModel.from_pretrained(...).")
         super().__init__(config)
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers))
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -169,16 +175,9 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         return self.config.target_layer_ids
 
     @classmethod
-    def from_target(
-        cls,
-        target: nn.Module,
-        num_hidden_layers: int = 1,
-        block_size: int = 16,
-        mask_token_id: int | None = None,
-        target_layer_ids: list[int] | None = None,
-        tokenizer=None,
-        **config_kwargs,
-    ) -> "DFlashDraftModel":
+    def from_target(cls, target: nn.Module, num_hidden_layers: int = 1, block_size: int = 16,
+                    mask_token_id: int | None = None, target_layer_ids: list[int] | None = None, tokenizer=None,
+                    **config_kwargs) -> "DFlashDraftModel":
         """A randomly initialised drafter whose dimensions match `target` (on its device, in its dtype).
 
         `target_layer_ids` default to the DFlash rule; `mask_token_id` defaults to an embedding row the tokenizer
@@ -195,7 +194,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         if getattr(text, "final_logit_softcapping", None):
             extras["final_logit_softcapping"] = float(text.final_logit_softcapping)
         extras.update(config_kwargs.pop("dflash_config", None) or {})  # keys the caller sets explicitly win
-        config = DFlashConfig(
+        config = cls.config_class(
             hidden_size=text.hidden_size,
             intermediate_size=text.intermediate_size,
             num_hidden_layers=num_hidden_layers,
@@ -228,12 +227,13 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         """Save in the z-lab format, plus this file and configuration_dflash.py with an `auto_map`, so that
         `AutoModel.from_pretrained(dir, trust_remote_code=True)` works without hf-dflash, and (when hf-dflash is
         installed) a model card if the folder has none."""
+        model_file = Path(sys.modules[type(self).__module__].__file__).stem
         self.config.auto_map = {
-            "AutoConfig": "configuration_dflash.DFlashConfig",
-            "AutoModel": "modeling_dflash.DFlashDraftModel",
+            "AutoConfig": f"configuration_dflash.{type(self.config).__name__}",
+            "AutoModel": f"{model_file}.{type(self).__name__}",
         }
         super().save_pretrained(save_directory, *args, **kwargs)
-        for name in ("configuration_dflash.py", "modeling_dflash.py"):
+        for name in {"configuration_dflash.py", "modeling_dflash.py", f"{model_file}.py"}:
             shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
         try:
             from hf_dflash.hub import write_model_card
@@ -288,7 +288,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             masks = {}
             for layer_type in layer_types:
                 window = self.config.sliding_window if layer_type == "sliding_attention" else None
-                masks[layer_type] = _block_mask(attention_mask, position_ids, block_len, past_len, window)
+                causal = self.config.layer_is_causal(layer_type)
+                masks[layer_type] = _block_mask(attention_mask, position_ids, block_len, past_len, window, causal)
         if self.config._attn_implementation == "eager":
             masks = {k: _additive(m, dtype) for k, m in masks.items()}
         return masks
@@ -460,26 +461,33 @@ def _default_mask_token_id(target: nn.Module, tokenizer) -> int:
     )
 
 
-def _block_mask(key_mask, position_ids, block_len, past_len, window) -> torch.Tensor | None:
-    """Visibility `[batch, 1, block_len, keys]` of the keys `[cache ; context ; block]` for the block's queries.
+def _block_mask(key_mask, position_ids, block_len, past_len, window, causal=False) -> torch.Tensor | None:
+    """Visibility `[batch, 1, block_len, keys]` of the keys `[cache ; context ; block]` for the block's queries:
+    within `window` positions either way (`None`: any distance), only earlier ones where `causal`.
 
-    Without a window and without a key mask everything is visible (None: no mask needed). Positions of cached keys
+    Without a window, a key mask or causality everything is visible (None: no mask needed). Positions of cached keys
     are assumed contiguous before the first new position, which holds for the transformers native loop.
     """
-    if window is None and key_mask is None:
+    if window is None and key_mask is None and not causal:
         return None
     batch, new_len = position_ids.shape
     key_len = past_len + new_len
     visible = torch.ones(batch, 1, block_len, key_len, dtype=torch.bool, device=position_ids.device)
     if key_mask is not None:
         visible &= key_mask[:, None, None, -key_len:].bool()
-    if window is not None:
+    if window is not None or causal:
         first = position_ids[:, :1] - past_len
         key_pos = torch.cat([first + torch.arange(past_len, device=first.device), position_ids], dim=1)
         query_pos = position_ids[:, -block_len:]
-        distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
-        visible &= (distance >= 0) & (distance < window)
+        visible &= block_visibility(query_pos[:, None, :, None] - key_pos[:, None, None, :], window, causal)
     return visible
+
+
+def block_visibility(distance: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor:
+    """Which keys (at query position - `distance`) a block query sees: within `window` either way, no later ones if
+    `causal`."""
+    visible = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
+    return visible if window is None else visible & (distance.abs() < window)
 
 
 def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

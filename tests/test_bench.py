@@ -467,3 +467,36 @@ def test_random_target_oracle_from_the_command_line(tmp_path):
         assert run["oracle"]["wrong_steps"] == 0
         _oracle_checks(run)
     assert "decode speedup / ceiling" in (tmp_path / "out" / "bench.md").read_text()
+
+
+def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
+    """The static baseline runs at every batch size and mode; each run's speedup is also reported against the faster
+    plain call; `cache_implementation="static"` sends the DFlash calls down the fixed-shape path; a call of a new
+    shape runs once untimed when compiling."""
+    from transformers import CompileConfig
+
+    from hf_dflash.generation import loop
+
+    target, drafter, tokenizer, prompts = setup
+    fixed = []
+    real = loop.fixed_shape_loop
+    monkeypatch.setattr(loop, "fixed_shape_loop", lambda *a: fixed.append(1) or real(*a))
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True
+    calls = []
+    generate = type(target).generate
+    monkeypatch.setattr(type(target), "generate", lambda self, *a, **k: calls.append(k.get("cache")) or generate(
+        self, *a, **k))
+    out = benchmark(target, drafter, tokenizer, {"toy": prompts}, block_sizes=[4], batch_sizes=[1, 2],
+                    modes=("greedy", "sampling"), draft_tree_sizes=[0, 2], max_new_tokens=6, baselines=("plain", "static"),
+                    warmup=0, progress=False, cache_implementation="static", compile_config=compile_config)
+    assert fixed  # tree size 0 ran on the fixed-shape path (2 falls back to the general loop)
+    for run in out["runs"]:
+        s, static = run["summary"], run["baselines"]["static"]
+        assert static["speedup"] == pytest.approx(s["plain_seconds"] / static["seconds"])
+        assert s["speedup_best_plain"] == pytest.approx(min(s["plain_seconds"], static["seconds"]) / s["dflash_seconds"])
+        if run["mode"] == "greedy":
+            assert static["identical"] and s["identical"]
+    static_calls = [c for c in calls if c is not None]
+    assert static_calls and all(layer.max_cache_len % 256 == 0 for c in static_calls for layer in c.layers)
+    assert "speedup vs best plain" in out["markdown"]

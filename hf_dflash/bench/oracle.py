@@ -157,13 +157,14 @@ class OracleDrafts:
 
 class OracleProposer(DFlashProposer):
     """A `DFlashProposer` whose drafts are the target's own greedy continuation, placed after the real drafter ran (its
-    cost stays in the loop). A drafter's bigram prior is left out: it would rerank the right drafts below wrong ones.
+    cost stays in the loop). A drafter's bigram prior or DFlash2 selector is left out: either would rerank the right
+    drafts below wrong ones.
     `full_step` tells the oracle what a full step verifies (None with "auto": what each step verified)."""
 
     def __init__(self, *args, oracle: OracleDrafts, **kwargs):
         super().__init__(*args, **kwargs)
         self.oracle = oracle
-        self.prior = None
+        self.prior, self.selector = None, False
         oracle.full_step = None if self.auto is not None else self.tree_size + 1 if self.tree_size else self.block_size
 
     def draft_chain(self, decoder, verify_len):

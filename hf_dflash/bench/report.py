@@ -31,6 +31,8 @@ def to_markdown(results: dict) -> str:
     head = ["set", "batch", "mode", "block", "tree", "tau", "drafts/step", "tok/s plain", "tok/s dflash", "speedup",
             "identical"]
     head += [f"tok/s {n}" for n in names]
+    if "static" in names:
+        head.append("speedup vs best plain")
     lines = [_measured_on(results), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in results["runs"]:
         s = run["summary"]
@@ -44,6 +46,8 @@ def to_markdown(results: dict) -> str:
             b = run["baselines"].get(n, {})
             cells.append(f"{b['tokens_per_s']:.1f}" + ("" if b["identical"] else " (differs)")
                          if "tokens_per_s" in b else "-")
+        if "static" in names:
+            cells.append(f"{s['speedup_best_plain']:.2f}x" if "speedup_best_plain" in s else "-")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     auto = [run for run in results["runs"] if run["tree_size"] == "auto"]
     if auto:

@@ -7,7 +7,6 @@ table and a PNG plot. `hf-dflash bench` is the command-line front end. `draft_tr
 the chain; `oracle=True` measures the loop against its ceiling with always-right drafts (`oracle`).
 """
 
-import contextlib
 import copy
 import datetime
 import functools
@@ -16,18 +15,24 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from transformers.cache_utils import StaticCache
+
 from ..devices import cpu_description
+from ..generation.fixed_shape import CAPACITY_STEP
 from ..prompts import Prompt, left_padded_batch
 from ..prompts import stop_ids as target_stop_ids
 from .oracle import OracleDrafts, ceilings, oracle_generate
 from .report import to_markdown
+from .timing import PHASES, profiled, timed
 
-BASELINES = ("plain", "prompt_lookup", "native", "reference")
+BASELINES = ("plain", "static", "prompt_lookup", "native", "reference")
+# plain `generate` at its best: a static cache of a length rounded up to this step (one compiled graph per step of
+# lengths, not per prompt), compiled where transformers compiles it
+STATIC_CACHE_STEP = 256
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -51,97 +56,6 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
-
-
-class _PhaseTimer:
-    """Where one `generate` call spends its time, from forward hooks (no change to the loop itself): inside the
-    target's forward (the prefill, then one forward per step), inside the drafter's layers, and from the end of the
-    drafter's layers to the next target forward (its lm_head, argmax and the block assembly: `drafter_head`). The
-    rest of the call is loop overhead (processors, stopping criteria, cache bookkeeping)."""
-
-    PHASES = ("target_prefill", "target_steps", "drafter_layers", "drafter_head")
-
-    def __init__(self, target, drafter=None):
-        self.seconds = dict.fromkeys(self.PHASES, 0.0)
-        self.target_forwards = 0
-        self.paused_seconds = 0.0  # excluded from the call's time (the oracle recomputing a continuation)
-        self._paused = False
-        self._cuda = target.device.type == "cuda"
-        self._start = {}
-        self._drafted = None  # when the drafter's layers last finished
-        modules = [(target, "target")] + ([(drafter, "drafter")] if drafter is not None else [])
-        self._handles = [h for module, name in modules for h in (
-            module.register_forward_pre_hook(lambda *_, name=name: self._enter(name)),
-            module.register_forward_hook(lambda *_, name=name: self._leave(name)),
-        )]
-
-    def _now(self) -> float:
-        if self._cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    @contextlib.contextmanager
-    def pause(self):
-        """Time inside is no phase's and is reported as `paused_seconds`; the forwards inside are not counted."""
-        began = self._now()
-        self._paused = True
-        try:
-            yield
-        finally:
-            self._paused = False
-            elapsed = self._now() - began
-            self.paused_seconds += elapsed
-            # intervals open across the pause resume after it
-            self._start = {k: v + elapsed for k, v in self._start.items()}
-            if self._drafted is not None:
-                self._drafted += elapsed
-
-    def _enter(self, what: str) -> None:
-        if self._paused:
-            return
-        now = self._now()
-        if what == "target" and self._drafted is not None:
-            self.seconds["drafter_head"] += now - self._drafted
-            self._drafted = None
-        self._start[what] = now
-
-    def _leave(self, what: str) -> None:
-        if self._paused:
-            return
-        now = self._now()
-        elapsed = now - self._start.pop(what)
-        if what == "drafter":
-            self.seconds["drafter_layers"] += elapsed
-            self._drafted = now
-            return
-        self.seconds["target_prefill" if self.target_forwards == 0 else "target_steps"] += elapsed
-        self.target_forwards += 1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
-
-
-def _profiled(fn, target, drafter=None, oracle=None):
-    """`fn()`, its wall time and a `_PhaseTimer` breakdown of it. With an `OracleDrafts`, its recomputations run in
-    the timer's pauses and are left out of the time."""
-    with _PhaseTimer(target, drafter) as timer:
-        if oracle is not None:
-            oracle.pause = timer.pause
-        out, seconds = _timed(fn)
-    seconds -= timer.paused_seconds
-    phases = dict(timer.seconds, other=seconds - sum(timer.seconds.values()), target_forwards=timer.target_forwards,
-                  paused=timer.paused_seconds)
-    return out, seconds, phases
 
 
 def _histogram(lengths: list[int], block_size: int) -> list[int]:
@@ -196,6 +110,8 @@ def benchmark(
     assistant_confidence_threshold: float | None = None,
     draft_tree_sizes=None,
     oracle: bool = False,
+    cache_implementation: str | None = None,
+    compile_config=None,
 ) -> dict:
     """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
     size. Per prompt batch: new tokens, seconds, acceptance lengths per step and their histogram; per run: tau
@@ -215,7 +131,14 @@ def benchmark(
     `oracle=True` (greedy only): the DFlash calls draft the target's own greedy continuation after the real drafter
     ran (`hf_dflash.bench.oracle`; precomputed from the plain call, recomputed from the committed text where a near-tie
     left it; the oracle's own work untimed), and each run reports the loop's speedup, the ceiling from forwards timed
-    after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio."""
+    after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio.
+
+    Plain `generate` at its best: the "static" baseline runs plain `generate` with a static cache of a bucketed length
+    (`STATIC_CACHE_STEP`), compiled where transformers compiles it, at every batch size and mode; each run then also
+    reports DFlash's speedup over the faster of the two plain calls. `cache_implementation="static"` runs the DFlash
+    calls on the fixed-shape path (`hf_dflash.generation.fixed_shape`). `compile_config`: the `CompileConfig` of
+    both (None: transformers' default, which compiles on accelerators only). A call of a new shape (batch, cache
+    length) runs once untimed first, so that compiling stays out of the timing."""
     from tqdm.auto import tqdm
 
     unknown = set(baselines) - set(BASELINES)
@@ -263,11 +186,13 @@ def benchmark(
     total = sum(-(-len(prompt_sets[s]) // b) for s, b, *_ in runs_spec)
     bar = tqdm(total=total, desc="bench", disable=not progress)
     runs = []
+    compiled_shapes = set()
     with tempfile.TemporaryDirectory() as tmp:
         references = {}
         for set_name, batch_size, mode, block in runs_spec:
             greedy = mode == "greedy"
-            active = [b for b in baselines if b != "plain"] if greedy and batch_size == 1 else []
+            active = [b for b in baselines if b not in ("plain", "static")] if greedy and batch_size == 1 else []
+            active += ["static"] if "static" in baselines else []
             skipped = {}
             if "reference" in active and block not in references:
                 references[block] = _reference_drafter(drafters[block], Path(tmp) / f"b{block}", target.dtype)
@@ -280,13 +205,21 @@ def benchmark(
             if not greedy:
                 kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
 
+            def untimed_first(shape, call) -> None:
+                """A call of a shape not seen yet runs once first, untimed (compiling is no step's cost), with the
+                random state left as it was for the timed call."""
+                if (compile_config is not None or device.type == "cuda") and shape not in compiled_shapes:
+                    compiled_shapes.add(shape)
+                    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                        call()
+
             def measure(batch, timed_index) -> dict:
                 """{tree size: record} of one prompt batch: plain `generate` once, then DFlash at each tree size in
                 turn, then the baselines (recorded with the first tree size)."""
                 inputs = left_padded_batch([p for _, p in batch], tokenizer, pad_id, device)
                 prompt_len = inputs["input_ids"].shape[1]
                 torch.manual_seed(seed + timed_index)
-                plain, plain_s, plain_phases = _profiled(lambda: target.generate(**inputs, **kwargs), target)
+                plain, plain_s, plain_phases = profiled(lambda: target.generate(**inputs, **kwargs), target)
                 plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
                 shared = {  # what every tree size's record of this batch holds
                     "prompt_ids": [p.id if isinstance(p, Prompt) else str(i) for i, p in batch],
@@ -298,24 +231,33 @@ def benchmark(
                     torch.manual_seed(seed + timed_index)
                     records[tree] = measure_dflash(inputs, plain, plain_rows, shared, tree)
                 for name in active:
-                    if name == "prompt_lookup":
-                        seq, secs = _timed(lambda: target.generate(
+                    if name == "static":
+                        length = -(-(prompt_len + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
+                        static = functools.partial(target.generate, **inputs, **kwargs, compile_config=compile_config)
+                        fresh = lambda: StaticCache(config=target.config, max_cache_len=length)  # noqa: E731
+                        untimed_first(("static", len(batch), length), lambda: static(cache=fresh()))
+                        seq, secs = timed(lambda: static(cache=fresh()))
+                    elif name == "prompt_lookup":
+                        seq, secs = timed(lambda: target.generate(
                             **inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS))
                     elif name == "native":
-                        seq, secs = _timed(lambda: target.generate(
+                        seq, secs = timed(lambda: target.generate(
                             **inputs, **kwargs, assistant_model=drafters[block], speculation_type="dflash"))
                     else:
-                        seq, secs = _timed(lambda: references[block][0].spec_generate(
+                        seq, secs = timed(lambda: references[block][0].spec_generate(
                             target, inputs["input_ids"], max_new_tokens, stop_ids or None, temperature=0.0))
                     rows = _new_tokens(seq, prompt_len, stop_ids, max_new_tokens)
-                    records[tree_sizes[0]][name] = {"new_tokens": sum(map(len, rows)), "seconds": secs,
-                                                    "identical": rows == plain_rows}
+                    measured = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
+                    for tree in tree_sizes if name == "static" else tree_sizes[:1]:  # every run compares with static
+                        records[tree][name] = measured
                 return records
 
             def measure_dflash(inputs, plain, plain_rows, shared, tree) -> dict:
                 prompt_len = shared["prompt_len"]
                 dflash_kwargs = dict(kwargs, assistant_confidence_threshold=assistant_confidence_threshold,
                                      draft_tree_size=tree, return_dict_in_generate=True)
+                if cache_implementation is not None:
+                    dflash_kwargs.update(cache_implementation=cache_implementation, compile_config=compile_config)
                 drafts = None
                 if oracle:
                     drafts = OracleDrafts.from_plain(plain, prompt_len, max_new_tokens, inputs.get("attention_mask"),
@@ -324,7 +266,10 @@ def benchmark(
                 else:
                     call = functools.partial(target.generate, **inputs, **dflash_kwargs,
                                              assistant_model=drafters[block])
-                out, dflash_s, dflash_phases = _profiled(call, target, drafters[block], drafts)
+                    if cache_implementation == "static":
+                        capacity = -(-(prompt_len + max_new_tokens + block) // CAPACITY_STEP) * CAPACITY_STEP
+                        untimed_first(("dflash", len(inputs["input_ids"]), capacity, tree), call)
+                out, dflash_s, dflash_phases = profiled(call, target, drafters[block], drafts)
                 dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
                 lengths = [n for row in out.acceptance_lengths for n in row]
                 record = {
@@ -351,11 +296,12 @@ def benchmark(
                 for tree, record in measure(batch, i).items():
                     records[tree].append(record)
                 bar.update(1)
-            # the baselines draft no trees: measured once, with the first size
-            elsewhere = dict.fromkeys(active, f"measured in the draft_tree_size={tree_sizes[0]} run")
+            # the baselines draft no trees: measured once, with the first size (static: reported with every size)
+            later = [name for name in active if name == "static"]
+            elsewhere = dict.fromkeys(set(active) - set(later), f"measured in the draft_tree_size={tree_sizes[0]} run")
             for tree in tree_sizes:
                 first = tree == tree_sizes[0]
-                run = _summarise(set_name, batch_size, mode, block, tree, records[tree], active if first else [],
+                run = _summarise(set_name, batch_size, mode, block, tree, records[tree], active if first else later,
                                  skipped if first else elsewhere, greedy)
                 if oracle:
                     run["oracle"] = _oracle_summary(run)
@@ -366,7 +312,8 @@ def benchmark(
         "settings": {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "threads": threads, "warmup": warmup,
             "seed": seed, "batch_sizes": list(batch_sizes), "modes": list(modes), "block_sizes": block_sizes,
-            "draft_tree_sizes": tree_sizes, "oracle": oracle,
+            "draft_tree_sizes": tree_sizes, "oracle": oracle, "cache_implementation": cache_implementation,
+            "compile_config": None if compile_config is None else compile_config.to_dict(),
             "baselines": list(baselines), "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
             "assistant_confidence_threshold": drafter.assistant_confidence_threshold
             if assistant_confidence_threshold is None else assistant_confidence_threshold,
@@ -426,6 +373,7 @@ def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped
                            "speedup": plain_s / secs, "identical": all(r[name]["identical"] for r in records)}
     for name, note in skipped.items():
         baselines[name] = {"skipped": note}
+    best_plain = min([plain_s] + [baselines[name]["seconds"] for name in ("static",) if name in active])
     if not greedy or batch_size > 1:
         reason = "greedy, batch 1 only" if greedy else "greedy only"
         for name in ("prompt_lookup", "native", "reference"):
@@ -446,6 +394,8 @@ def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped
             "plain_new_tokens": plain_tokens, "dflash_new_tokens": dflash_tokens,
             "tokens_per_s_plain": plain_tokens / plain_s, "tokens_per_s_dflash": dflash_tokens / dflash_s,
             "speedup": plain_s / dflash_s,
+            # against plain `generate` at its best: the faster of eager and static (where measured)
+            "speedup_best_plain": best_plain / dflash_s,
             # the same where both made as many tokens; where a near-tie (bfloat16) or sampling made them differ,
             # time per set rewards the call that stopped earlier, and tokens per second does not
             "speedup_per_token": (dflash_tokens / dflash_s) / (plain_tokens / plain_s),
@@ -461,7 +411,7 @@ def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped
 
 def _profile(records, method: str) -> dict:
     """Milliseconds per decoding step (one target forward after the prefill) in each phase, pooled over prompts."""
-    total = {k: sum(r[method]["phases"][k] for r in records) for k in (*_PhaseTimer.PHASES, "other")}
+    total = {k: sum(r[method]["phases"][k] for r in records) for k in (*PHASES, "other")}
     steps = sum(r[method]["phases"]["target_forwards"] - 1 for r in records)
     per_step = {f"{k}_ms": 1000 * v / max(steps, 1) for k, v in total.items() if k != "target_prefill"}
     return {"steps": steps, "prefill_seconds": total["target_prefill"], **per_step}

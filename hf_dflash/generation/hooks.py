@@ -8,8 +8,8 @@ transformers exactly.
   transformers' native DFlash path), the call goes to `hf_dflash.generate` (`generation.loop`); a drafter's checkpoint loaded as another
   class (`AutoModelForCausalLM`, `trust_remote_code=True`) is refused with how to load it.
 - `AutoModel.from_pretrained`: z-lab checkpoints say `model_type: "qwen3"` (so vLLM / SGLang read them), which
-  transformers maps to `Qwen3Model`; a checkpoint whose config names `DFlashDraftModel` (or carries a
-  `dflash_config` block) loads as `hf_dflash.DFlashDraftModel` instead, unless `trust_remote_code=True` asks for
+  transformers maps to `Qwen3Model`; a checkpoint whose config names `DFlashDraftModel` or `DFlash2DraftModel` (or
+  carries a `dflash_config` block) loads as `hf_dflash.DFlashDraftModel` / `DFlash2DraftModel` instead, unless `trust_remote_code=True` asks for
   the repository's own code.
 """
 
@@ -17,7 +17,7 @@ import functools
 
 from transformers import AutoModel, GenerationMixin, PretrainedConfig
 
-from ..modeling import DFlashConfig, DFlashDraftModel
+from ..modeling import DFlash2Config, DFlash2DraftModel, DFlashConfig, DFlashDraftModel
 from .loop import generate, original_generate, unhooked
 
 _original_auto_from_pretrained = unhooked(AutoModel.from_pretrained.__func__)
@@ -44,12 +44,15 @@ def _generate(self, *args, assistant_model=None, **kwargs):
 
 @functools.wraps(_original_auto_from_pretrained)
 def _auto_from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+    hub_kwargs = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
     if cls is AutoModel and not kwargs.get("trust_remote_code") and is_dflash_checkpoint(
-        kwargs.get("config"), pretrained_model_name_or_path, **{k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+        kwargs.get("config"), pretrained_model_name_or_path, **hub_kwargs
     ):
-        if not isinstance(kwargs.get("config"), DFlashConfig):
+        config = kwargs.get("config")
+        if not isinstance(config, DFlashConfig):
             kwargs.pop("config", None)
-        return DFlashDraftModel.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            config, _ = PretrainedConfig.get_config_dict(pretrained_model_name_or_path, **hub_kwargs)
+        return drafter_class(config).from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
     return _original_auto_from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs)
 
 
@@ -68,17 +71,23 @@ def is_dflash_checkpoint(config, pretrained_model_name_or_path=None, **hub_kwarg
     if not isinstance(config, dict):
         return False
     architectures = config.get("architectures") or []
-    if "DFlash2DraftModel" in architectures:
-        raise NotImplementedError(
-            "This is a DFlash2 checkpoint (dynamic convolutions + candidate selector): hf_dflash supports DFlash "
-            "drafters only so far. Load it with trust_remote_code=True to use the repository's own code."
-        )
-    return "DFlashDraftModel" in architectures or "dflash_config" in config
+    return bool({"DFlashDraftModel", "DFlash2DraftModel"} & set(architectures)) or "dflash_config" in config
+
+
+def drafter_class(config) -> type:
+    """`DFlash2DraftModel` for a config (object or dict) that names it or carries its selector, else
+    `DFlashDraftModel`."""
+    if isinstance(config, PretrainedConfig):
+        config = config.to_dict()
+    block = config.get("dflash_config") or {}
+    dflash2 = "DFlash2DraftModel" in (config.get("architectures") or []) or "selector_top_k" in block
+    return DFlash2DraftModel if dflash2 else DFlashDraftModel
 
 
 def install_hooks() -> None:
-    """Register `DFlashDraftModel` with `AutoModel` and hook `generate` / `AutoModel.from_pretrained`. Idempotent."""
+    """Register the drafters with `AutoModel` and hook `generate` / `AutoModel.from_pretrained`. Idempotent."""
     AutoModel.register(DFlashConfig, DFlashDraftModel, exist_ok=True)
+    AutoModel.register(DFlash2Config, DFlash2DraftModel, exist_ok=True)
     GenerationMixin.generate = _generate
     AutoModel.from_pretrained = classmethod(_auto_from_pretrained)
 

@@ -5,10 +5,14 @@ Rows accept different numbers of drafts per step. When every layer is full atten
 otherwise (a sliding window counts slots, so a hole would shorten it) they are moved to the row's left end, so the
 row stays left-padded (`keep_verified`). Either way any decoder-only model sees exactly the tokens it would see in
 plain `generate`. A verified tree's accepted path is first moved to the front of its block (`gather_path`).
+
+The fixed-shape path (`hf_dflash.generation.fixed_shape`) keeps preallocated caches instead (`row_cache`): each row
+writes at its own slots and a rejected slot is simply written over by the next step, so nothing is cropped, moved or
+concatenated and every step has the same shapes.
 """
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -100,3 +104,39 @@ def warn_unused_cache(cache) -> None:
             f"DFlash generation uses its own DynamicCache, not {name} (cache_implementation, cache): its "
             "verification drops rejected draft slots. The output is unchanged."
         )
+
+
+class RowCacheLayer(StaticLayer):
+    """A `StaticLayer` whose rows write at slots of their own: `write_index` [rows, W] names the slots of the first W
+    new keys / values of the next `update` (a fixed-shape step writes W = its block, wherever each row's accepted
+    tokens ended). Keys past those W (a drafter's block, which is never kept) are returned after the stored ones
+    without being stored. Sliding windows are left to the attention mask, counted in positions: every layer stores
+    all `max_cache_len` slots."""
+
+    def __init__(self, max_cache_len: int):
+        super().__init__(max_cache_len)
+        self.write_index = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        width = self.write_index.shape[1]
+        write_index = self.write_index.to(self.keys.device)  # a target split over devices: each layer's own
+        for stored, new in ((self.keys, key_states), (self.values, value_states)):
+            index = write_index[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[-1])
+            stored.scatter_(2, index, new[:, :, :width])  # in place: the storage keeps its address
+        if key_states.shape[-2] == width:
+            return self.keys, self.values
+        return (torch.cat([self.keys, key_states[:, :, width:]], dim=2),
+                torch.cat([self.values, value_states[:, :, width:]], dim=2))
+
+
+def row_cache(num_layers: int, capacity: int) -> Cache:
+    """A cache of `num_layers` `RowCacheLayer`s of `capacity` slots each (allocated at the first update)."""
+    return Cache(layers=[RowCacheLayer(capacity) for _ in range(num_layers)])
+
+
+def set_write_index(cache: Cache, write_index: torch.LongTensor) -> None:
+    """The slots [rows, W] the next forward writes its first W keys to, in every layer of a `row_cache`."""
+    for layer in cache.layers:
+        layer.write_index = write_index

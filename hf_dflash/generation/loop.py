@@ -18,8 +18,9 @@ from transformers.utils import logging
 from ..devices import without_cudnn_attention
 from ..modeling import DFlashDraftModel
 from .decoder import Decoder
+from .fixed_shape import FixedShapeDecoder, FixedShapeProposer, fixed_shape_loop, unsupported_reason, wants_fixed_shape
 from .kv_cache import warn_unused_cache
-from .proposer import DFlashProposer
+from .proposer import DFlashProposer, check_compatible
 
 logger = logging.get_logger(__name__)
 
@@ -117,15 +118,22 @@ def dflash_decode(
             "Set tokenizer.padding_side = 'left'."
         )
     _warn_ignored(generation_config)
-    warn_unused_cache(model_kwargs.get("cache"))
+    settings = dict(num_assistant_tokens=num_assistant_tokens, draft_tree_size=draft_tree_size,
+                    assistant_confidence_threshold=assistant_confidence_threshold)
+    if proposer_class is None and decoder_class is None and wants_fixed_shape(generation_config, model_kwargs.get("cache")):
+        reason = unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
+                                    draft_tree_size, assistant_confidence_threshold)
+        if reason is None:
+            return _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
+                                       generation_config, settings)
+        logger.warning_once(f"cache_implementation='static': this call runs on the general loop, because of {reason}.")
+    else:
+        warn_unused_cache(model_kwargs.get("cache"))
     # cuDNN attention builds a graph per new key length: a new one every step here (`without_cudnn_attention`)
     with without_cudnn_attention(input_ids.device):
         # built outside inference mode: their tensors stay ordinary ones (`sequences` is returned, the drafter's
         # gathered head is cached across calls by version counters, which inference tensors lack)
-        proposer = (proposer_class or DFlashProposer)(
-            target, drafter, batch_size=batch, num_assistant_tokens=num_assistant_tokens,
-            assistant_confidence_threshold=assistant_confidence_threshold, draft_tree_size=draft_tree_size,
-        )
+        proposer = (proposer_class or DFlashProposer)(target, drafter, batch_size=batch, **settings)
         decoder = (decoder_class or Decoder)(
             target, generation_config, logits_processor, stopping_criteria, streamer, input_ids,
             trees=bool(proposer.tree_size), costs=proposer.auto.costs if proposer.auto is not None else None,
@@ -134,6 +142,20 @@ def dflash_decode(
         # loop makes in it stays inside; `result` returns ordinary tensors.
         with torch.inference_mode():
             speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask)
+    return decoder.result()
+
+
+def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
+                        generation_config, settings):
+    """`dflash_decode` on the fixed-shape path (`hf_dflash.generation.fixed_shape`)."""
+    check_compatible(target, drafter)
+    num_drafts = settings["num_assistant_tokens"]
+    block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, max(num_drafts, 0) + 1)
+    decoder = FixedShapeDecoder(target, generation_config, logits_processor, stopping_criteria, input_ids,
+                                prompt_mask, block_size)
+    proposer = FixedShapeProposer(target, drafter, decoder=decoder, **settings)
+    with torch.inference_mode():
+        fixed_shape_loop(proposer, decoder, input_ids)
     return decoder.result()
 
 

@@ -2,12 +2,14 @@
 
 `DFlashProposer` keeps the drafter's KV cache of the target's features, runs one drafter forward over the newest
 token and `block_size - 1` mask tokens, and proposes a chain of argmax drafts or a best-first tree of candidates
-(`hf_dflash.generation.tree`), reranked by the drafter's bigram prior (`hf_dflash.bigram`) when it carries one.
+(`hf_dflash.generation.tree`), each ranked under its parent by a DFlash2 drafter's candidate selector, or by the
+drafter's bigram prior (`hf_dflash.bigram`) when it carries one.
 
-The loop talks to a proposer through four methods, like transformers' candidate generators and vLLM's proposers:
+The loop talks to a proposer through five methods, like transformers' candidate generators and vLLM's proposers:
 `propose(decoder, verify_len)` reads the committed tokens (never changing them) and returns a `DraftTree`;
-`extend_context(...)` hands it the target's features of the newly committed tokens; `accepted(...)` says what the
-target accepted; `select_rows(live)` drops finished rows. `draft_chain` and `draft_candidates` are the building
+`features(hidden_states)` picks what it reads of a target forward, and `extend_context(...)` hands it those features
+of the newly committed tokens; `accepted(...)` says what the target accepted; `select_rows(live)` drops finished
+rows. `draft_chain` and `draft_candidates` are the building
 blocks another proposer (the oracle benchmark, `hf_dflash.bench.oracle`) reuses.
 """
 
@@ -17,8 +19,8 @@ from transformers.utils import logging
 
 from ..bigram import conditional_chain, conditional_probs
 from ..cpu_ops import pack_linears
-from ..modeling import DFlashDraftModel
-from ..modeling.modeling_dflash import _stored_weight
+from ..modeling import DFlash2DraftModel, DFlashDraftModel
+from ..modeling.modeling_dflash import _stored_weight, block_visibility
 from .auto_size import AutoTreeSize
 from .forward_costs import LoopCosts, load_forward_costs
 from .tree import DraftTree, build_tree
@@ -116,6 +118,7 @@ class DFlashProposer:
         head = self.head if self.draft_head is None else self.draft_head[0]
         self.draft_vocab_size = head.weight.shape[0]
         self.prior = drafter.bigram_prior  # (keys, boosts, vocab size): buffers, on the drafter's device
+        self.selector = isinstance(drafter, DFlash2DraftModel)  # drafts under their parent, as the prior does
         self.auto = None
         if draft_tree_size and not _tree_supported(target):
             draft_tree_size = 0
@@ -125,6 +128,11 @@ class DFlashProposer:
             draft_tree_size = self.auto.max_nodes
         self.tree_size = draft_tree_size
         self.top_k = min(draft_tree_size, self.draft_vocab_size)  # candidates per position: no tree uses more
+
+    @property
+    def conditional(self) -> bool:
+        """Whether drafts are ranked under their parent (`conditional_candidates`)."""
+        return self.selector or self.prior is not None
 
     # --- the loop's interface ------------------------------------------------------------------------------
     def features(self, hidden_states: tuple) -> torch.Tensor:
@@ -173,9 +181,10 @@ class DFlashProposer:
         """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold, or
         "auto" finding that no tree pays)."""
         newest = decoder.newest_tokens()
-        ids, probs = self.draft_candidates(decoder, verify_len, self.top_k)
-        if self.prior is not None:  # [rows, D, k, k]: each parent's children
-            probs = conditional_probs(ids, probs, self.prior)
+        if self.conditional:  # probs [rows, D, k, k]: each parent's children
+            ids, probs = self.conditional_candidates(decoder, verify_len, self.top_k)
+        else:
+            ids, probs = self.draft_candidates(decoder, verify_len, self.top_k)
         if self.threshold and bool((probs[:, 0, 0].reshape(len(ids), -1).amax(-1) < self.threshold).all()):
             return None
         tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
@@ -186,12 +195,10 @@ class DFlashProposer:
 
     def draft_chain(self, decoder, verify_len: int) -> tuple:
         """Drafts [rows, verify_len - 1] and, with a confidence threshold, the probability of each row's first draft
-        [rows] (else None). With a bigram prior: each position's best of its `PRIOR_CANDIDATES` most likely
-        candidates under the draft before it."""
-        if self.prior is not None:
-            k = min(PRIOR_CANDIDATES, self.draft_vocab_size)
-            ids, probs = self.draft_candidates(decoder, verify_len, k)
-            return conditional_chain(ids, conditional_probs(ids, probs, self.prior))
+        [rows] (else None). A DFlash2 drafter's selector, or a bigram prior, drafts each position's best candidate
+        under the draft before it (`conditional_candidates`)."""
+        if self.conditional:
+            return conditional_chain(*self.conditional_candidates(decoder, verify_len, PRIOR_CANDIDATES))
         hidden = self.hidden_states(decoder, verify_len)
         if not self.threshold:
             return self.drafter.draft_tokens(hidden, self.head, self.draft_head), None
@@ -203,6 +210,17 @@ class DFlashProposer:
         ids and probs [rows, verify_len - 1, k]."""
         hidden = self.hidden_states(decoder, verify_len)
         return self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True, top_k=k)
+
+    def conditional_candidates(self, decoder, verify_len: int, k: int) -> tuple:
+        """Candidates ids [rows, verify_len - 1, k] and their probabilities under each candidate of the position
+        before [rows, verify_len - 1, k, k] (`hf_dflash.bigram.conditional_probs`' layout): a DFlash2 drafter's
+        selector (its own `selector_top_k` candidates), else the drafter's k most likely reweighted by its bigram
+        prior."""
+        if self.selector:
+            hidden = self.hidden_states(decoder, verify_len)
+            return self.drafter.candidates(hidden, self.head, decoder.newest_tokens(), self.draft_head)
+        ids, probs = self.draft_candidates(decoder, verify_len, min(k, self.draft_vocab_size))
+        return ids, conditional_probs(ids, probs, self.prior)
 
     def hidden_states(self, decoder, verify_len: int) -> torch.Tensor:
         """One drafter forward over [newest, mask...]: the hidden states of the draft positions [rows, verify_len - 1,
@@ -232,11 +250,12 @@ class DFlashProposer:
 def _drafter_masks(config, key_valid, key_pos, query_pos) -> dict | None:
     """Per-layer-type 4-D masks `[rows, 1, V, keys]`, or None when every key is visible to every query."""
     layer_types = set(config.layer_types or ["full_attention"])
-    if key_valid.all() and layer_types == {"full_attention"}:
+    if key_valid.all() and layer_types == {"full_attention"} and not config.layer_is_causal("full_attention"):
         return None
     visible = key_valid[:, None, None, :].expand(-1, 1, query_pos.shape[1], -1)
-    masks = {"full_attention": visible}
-    if "sliding_attention" in layer_types:
-        distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
-        masks["sliding_attention"] = visible & (distance >= 0) & (distance < config.sliding_window)
+    distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
+    masks = {}
+    for layer_type in layer_types:
+        window = config.sliding_window if layer_type == "sliding_attention" else None
+        masks[layer_type] = visible & block_visibility(distance, window, config.layer_is_causal(layer_type))
     return masks

@@ -1,0 +1,97 @@
+"""Timing a `generate` call: its wall time, and where it went (`PhaseTimer`), without touching the loop."""
+
+import contextlib
+import time
+
+import torch
+
+PHASES = ("target_prefill", "target_steps", "drafter_layers", "drafter_head")
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+class PhaseTimer:
+    """Where one `generate` call spends its time, from forward hooks (no change to the loop itself): inside the
+    target's forward (the prefill, then one forward per step), inside the drafter's layers, and from the end of the
+    drafter's layers to the next target forward (its lm_head, argmax and the block assembly: `drafter_head`). The
+    rest of the call is loop overhead (processors, stopping criteria, cache bookkeeping)."""
+
+    def __init__(self, target, drafter=None):
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.target_forwards = 0
+        self.paused_seconds = 0.0  # excluded from the call's time (the oracle recomputing a continuation)
+        self._paused = False
+        self._cuda = target.device.type == "cuda"
+        self._start = {}
+        self._drafted = None  # when the drafter's layers last finished
+        modules = [(target, "target")] + ([(drafter, "drafter")] if drafter is not None else [])
+        self._handles = [h for module, name in modules for h in (
+            module.register_forward_pre_hook(lambda *_, name=name: self._enter(name)),
+            module.register_forward_hook(lambda *_, name=name: self._leave(name)),
+        )]
+
+    def _now(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Time inside is no phase's and is reported as `paused_seconds`; the forwards inside are not counted."""
+        began = self._now()
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            elapsed = self._now() - began
+            self.paused_seconds += elapsed
+            # intervals open across the pause resume after it
+            self._start = {k: v + elapsed for k, v in self._start.items()}
+            if self._drafted is not None:
+                self._drafted += elapsed
+
+    def _enter(self, what: str) -> None:
+        if self._paused:
+            return
+        now = self._now()
+        if what == "target" and self._drafted is not None:
+            self.seconds["drafter_head"] += now - self._drafted
+            self._drafted = None
+        self._start[what] = now
+
+    def _leave(self, what: str) -> None:
+        if self._paused:
+            return
+        now = self._now()
+        elapsed = now - self._start.pop(what)
+        if what == "drafter":
+            self.seconds["drafter_layers"] += elapsed
+            self._drafted = now
+            return
+        self.seconds["target_prefill" if self.target_forwards == 0 else "target_steps"] += elapsed
+        self.target_forwards += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+
+
+def profiled(fn, target, drafter=None, oracle=None):
+    """`fn()`, its wall time and a `PhaseTimer` breakdown of it. With an `OracleDrafts`, its recomputations run in
+    the timer's pauses and are left out of the time."""
+    with PhaseTimer(target, drafter) as timer:
+        if oracle is not None:
+            oracle.pause = timer.pause
+        out, seconds = timed(fn)
+    seconds -= timer.paused_seconds
+    phases = dict(timer.seconds, other=seconds - sum(timer.seconds.values()), target_forwards=timer.target_forwards,
+                  paused=timer.paused_seconds)
+    return out, seconds, phases

@@ -1,0 +1,347 @@
+"""The fixed-shape decoding path: every step has the same shapes, so it compiles once, and the host reads the device
+once per step, one step late.
+
+`generate(..., cache_implementation="static")` asks for it, as it asks plain `generate` for a static cache; where
+the call's settings allow it (`unsupported_reason` is None) `dflash_decode` runs `fixed_shape_loop` instead of the
+general loop. What changes:
+
+- the target's and the drafter's KV caches are preallocated (`kv_cache.row_cache`) with room for `max_length` plus a
+  block; each row writes its block at its own slots, and a rejected slot is written over by the next step;
+- the drafter's context is the whole verified block, its rejected slots masked, instead of the accepted prefix;
+- rows that stop stay in the batch, frozen (they commit nothing), instead of leaving it;
+- acceptance, the EOS and `max_length` cut, the commit into a preallocated output buffer and the acceptance record are
+  computed on the device; sampling draws with Gumbel noise (exact, like `multinomial`, without a host read);
+- the drafter's forward and the target's verification are compiled where transformers would compile plain decoding
+  (`compile_config`, `disable_compile`, a device it compiles on); the prefill and the first draft stay eager.
+
+What it serves: chains of drafts (no `draft_tree_size`, no `assistant_confidence_threshold`), greedy and sampling with
+processors that ignore `input_ids`, EOS and `max_length` stops, batch >= 1, full-attention and sliding-window targets
+with eager or sdpa attention. Anything else runs on the general loop, said once in the log.
+"""
+
+import torch
+from transformers.generation import CompileConfig, EosTokenCriteria, MaxLengthCriteria
+from transformers.utils import logging
+
+from ..cpu_ops import argmax
+from ..modeling.modeling_dflash import block_visibility
+from .decoder import _POSITION_FREE, DFlashGenerateOutput
+from .kv_cache import row_cache, set_write_index
+from .proposer import DFlashProposer
+
+logger = logging.get_logger(__name__)
+
+CAPACITY_STEP = 256  # cache lengths are rounded up to a multiple: one compiled graph serves lengths that differ less
+
+
+def unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
+                       draft_tree_size, assistant_confidence_threshold) -> str | None:
+    """Why this call cannot run on the fixed-shape path, or None when it can."""
+    tree_size = drafter.draft_tree_size if draft_tree_size is None else draft_tree_size
+    threshold = drafter.assistant_confidence_threshold if assistant_confidence_threshold is None \
+        else assistant_confidence_threshold
+    implementation = target.config.get_text_config()._attn_implementation
+    if tree_size:
+        return f"draft_tree_size={tree_size!r} (pass draft_tree_size=0 for chains)"
+    if threshold:
+        return f"assistant_confidence_threshold={threshold!r} (pass 0)"
+    if implementation not in ("eager", "sdpa"):
+        return f"{implementation} attention (eager or sdpa take the explicit masks it needs)"
+    if not all(isinstance(p, _POSITION_FREE) for p in logits_processor or []):
+        names = sorted({type(p).__name__ for p in logits_processor if not isinstance(p, _POSITION_FREE)})
+        return f"logits processors that read input_ids ({', '.join(names)})"
+    kinds = {type(c) for c in stopping_criteria or []}
+    if not kinds <= {MaxLengthCriteria, EosTokenCriteria}:
+        return "stopping criteria other than EOS and max_length (stop strings, custom criteria)"
+    if streamer is not None:
+        return "a streamer"
+    if generation_config.return_dict_in_generate and (generation_config.output_scores or
+                                                      generation_config.output_logits):
+        return "output_scores / output_logits"
+    return None
+
+
+def compile_config_for(target, cache, generation_config) -> CompileConfig | None:
+    """The compile settings where transformers would compile plain decoding with `cache` (its `compile_config`,
+    `disable_compile` and device rules), else None."""
+    if not target._valid_auto_compile_criteria({"cache": cache}, generation_config):
+        return None
+    return generation_config.compile_config or CompileConfig()
+
+
+def compiled_call(model, compile_config: CompileConfig | None):
+    """`model`'s call compiled with `compile_config` (kept on the model across calls), or as it is with None."""
+    if compile_config is None:
+        return model.__call__
+    settings = compile_config.to_dict()
+    kept = model.__dict__.get("_hf_dflash_compiled")
+    if kept is None or kept[0] != settings:
+        model._hf_dflash_compiled = kept = (settings, torch.compile(model.__call__, **settings))
+    return kept[1]
+
+
+class FixedShapeDecoder:
+    """The target side of the fixed-shape path for one `dflash_decode` call.
+
+    Slots: row r's prompt fills slots [0, P) of its caches (left-padded: `key_is_pad`), its token at slot j has
+    position j - pad_r, and `slot` [rows] is where its newest committed token (the next root) goes."""
+
+    def __init__(self, target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
+                 block_size: int):
+        self.target = target
+        self.config = generation_config
+        self.processors = logits_processor or []
+        self.block_size = block_size
+        device = input_ids.device
+        batch, self.prompt_len = input_ids.shape
+        self.max_length = generation_config.max_length
+        eos = [c.eos_token_id.reshape(-1).to(device) for c in stopping_criteria or [] if type(c) is EosTokenCriteria]
+        self.eos_ids = torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
+        pad = generation_config._pad_token_tensor
+        self.pad_token_id = int(pad) if pad is not None else 0
+        # room for the last block verified next to max_length, rounded up so that calls of nearby lengths share one
+        # shape, hence one compiled graph
+        self.capacity = -(-(self.max_length + block_size) // CAPACITY_STEP) * CAPACITY_STEP
+        self.sequences = torch.full((batch, self.max_length + block_size), self.pad_token_id, dtype=torch.long,
+                                    device=device)
+        self.sequences[:, : self.prompt_len] = input_ids
+        self.lengths = torch.full((batch,), self.prompt_len, dtype=torch.long, device=device)
+        self.slot = self.lengths.clone()
+        self.pads = (~prompt_mask).sum(-1)  # [rows]
+        self.key_is_pad = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
+        self.key_is_pad[:, : self.prompt_len] = ~prompt_mask
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.record = torch.zeros(batch, self.max_length - self.prompt_len + 1, dtype=torch.long, device=device)
+        self.steps = 0
+        text_config = target.config.get_text_config()
+        self.cache = row_cache(text_config.num_hidden_layers, self.capacity)
+        self.sliding_window = getattr(text_config, "sliding_window", None)
+        types = set(getattr(text_config, "layer_types", None) or [])
+        if not types:
+            types = {"sliding_attention" if self.sliding_window else "full_attention"}
+        self.layer_types = types
+        self.write_index = torch.zeros(batch, block_size, dtype=torch.long, device=device)
+        self.offsets = torch.arange(block_size, device=device)
+        self.verify_call, self.compile_config = target.__call__, None
+        self.rows = torch.arange(batch, device=device)  # every row stays: the decoder's rows never change
+
+    @property
+    def next_pos(self) -> torch.LongTensor:
+        return self.slot - self.pads
+
+    def newest_tokens(self) -> torch.LongTensor:
+        return self.sequences.gather(1, (self.lengths - 1)[:, None])[:, 0]
+
+    def _masks(self, query_slots: torch.LongTensor, dtype) -> dict | torch.Tensor:
+        """Additive masks [rows, 1, Q, capacity] for queries at `query_slots` [rows, Q]: each sees the real slots up to
+        its own (a padding query sees itself, so that no row of the softmax is empty), sliding layers within their
+        window, counted in slots (positions and slots differ by the row's padding alone)."""
+        keys = torch.arange(self.capacity, device=query_slots.device)
+        distance = query_slots[:, :, None] - keys  # [rows, Q, capacity]
+        visible = ((distance >= 0) & ~self.key_is_pad[:, None, :]) | (distance == 0)
+        masks = {}
+        for kind in self.layer_types:
+            seen = visible & (distance < self.sliding_window) if kind == "sliding_attention" else visible
+            masks[kind] = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
+                ~seen, torch.finfo(dtype).min)[:, None]
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
+    def prefill(self, input_ids: torch.LongTensor):
+        """The prompts into the cache at slots [0, P), eagerly, and the first token committed; returns the output."""
+        slots = torch.arange(self.prompt_len, device=input_ids.device).expand(len(input_ids), -1)
+        set_write_index(self.cache, slots)
+        out = self.target(input_ids=input_ids, position_ids=(slots - self.pads[:, None]).clamp(min=0),
+                          attention_mask=self._masks(slots, self.target.dtype), cache=self.cache, use_cache=True,
+                          output_hidden_states=True, logits_to_keep=1)
+        set_write_index(self.cache, self.write_index)
+        self.compile_config = compile_config_for(self.target, self.cache, self.config)
+        self.verify_call = compiled_call(self.target, self.compile_config)
+        tokens = self.choose(out.logits[:, -1:])  # [rows, 1]
+        self.commit(tokens, torch.ones_like(self.lengths), record=False)
+        return out
+
+    def prompt_slots(self, rows: int) -> torch.LongTensor:
+        return torch.arange(self.prompt_len, device=self.slot.device).expand(rows, -1)
+
+    def verify_forward(self, block: torch.LongTensor):
+        """The target over `block` [rows, V] (the root, then its drafts) at each row's slots."""
+        query_slots = self.slot[:, None] + self.offsets  # [rows, V]
+        self.write_index.copy_(query_slots)
+        return self.verify_call(input_ids=block, position_ids=query_slots - self.pads[:, None],
+                                attention_mask=self._masks(query_slots, self.target.dtype), cache=self.cache,
+                                use_cache=True, output_hidden_states=True)
+
+    def choose(self, logits: torch.Tensor) -> torch.LongTensor:
+        """The target's token at every position of `logits` [rows, V, vocab]: processed as `generate` processes them
+        (in float32), then the argmax, or a sample drawn by the Gumbel-max trick."""
+        rows, width, vocab = logits.shape
+        scores = logits.to(dtype=torch.float32).reshape(rows * width, vocab)
+        if self.processors:
+            scores = self.processors(torch.zeros(rows * width, 1, dtype=torch.long, device=scores.device), scores)
+        if self.config.do_sample:
+            noise = torch.rand_like(scores).clamp_(min=torch.finfo(scores.dtype).tiny)
+            scores = scores.log_softmax(-1) - torch.log(-torch.log(noise))
+        return argmax(scores).view(rows, width)
+
+    def accept(self, logits: torch.Tensor, block: torch.LongTensor) -> torch.LongTensor:
+        """Verify `block` [rows, V] against the target's `logits` [rows, V, vocab]; commit; return the slots the
+        verified block was written to [rows, V] (the drafter's next context)."""
+        tokens = self.choose(logits)  # [rows, V]: the target's token after each block position
+        matches = block[:, 1:] == tokens[:, :-1]
+        kept = matches.long().cumprod(-1).sum(-1) + 1  # accepted drafts + the target's own token
+        written = self.slot[:, None] + self.offsets
+        self.slot = self.slot + self.commit(tokens, kept)
+        return written
+
+    def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, record: bool = True) -> torch.LongTensor:
+        """Append each live row's first `kept` of `tokens` [rows, W], cut after its first EOS and at `max_length`;
+        returns how many each row committed (0 for a stopped row)."""
+        width = tokens.shape[1]
+        offsets = self.offsets[:width]
+        eos = torch.isin(tokens, self.eos_ids) & (offsets < kept[:, None])
+        kept = torch.where(eos.any(-1), eos.long().argmax(-1) + 1, kept)
+        kept = torch.minimum(kept, self.max_length - self.lengths)
+        kept = torch.where(self.finished, 0, kept)
+        index = self.lengths[:, None] + offsets
+        self.sequences.scatter_(1, index, torch.where(offsets < kept[:, None], tokens, self.sequences.gather(1, index)))
+        stopped = (eos & (offsets < kept[:, None])).any(-1) | (self.lengths + kept >= self.max_length)
+        self.lengths = self.lengths + kept
+        self.finished = self.finished | stopped
+        if record:
+            self.record[:, self.steps] = kept
+            self.steps += 1
+        return kept
+
+    def result(self):
+        lengths = self.lengths.tolist()
+        sequences = self.sequences[:, : max(lengths)]
+        sequences = torch.where(torch.arange(sequences.shape[1], device=sequences.device) < self.lengths[:, None],
+                                sequences, self.pad_token_id)
+        if not self.config.return_dict_in_generate:
+            return sequences
+        record = self.record[:, : self.steps].tolist()
+        acceptance = [[n for n in row if n] for row in record]
+        return DFlashGenerateOutput(
+            sequences=sequences, acceptance_lengths=acceptance,
+            draft_lengths=[[self.block_size - 1] * len(row) for row in acceptance],
+        )
+
+
+class FixedShapeProposer(DFlashProposer):
+    """The drafter side of the fixed-shape path: a `DFlashProposer` whose drafter cache is preallocated with the
+    decoder's slots, whose context is each verified block (its rejected slots masked), and whose forward is compiled
+    from the second draft on (the first reads the whole prompt)."""
+
+    def __init__(self, target, drafter, *, decoder: FixedShapeDecoder, **settings):
+        super().__init__(target, drafter, batch_size=len(decoder.slot), **settings)
+        self.decoder = decoder
+        self.cache = row_cache(drafter.config.num_hidden_layers, decoder.capacity)
+        self.drafter_call, self.compiled = drafter.__call__, False
+        config = drafter.config
+        self.layer_types = set(config.layer_types or ["full_attention"])
+        self.sliding_window = config.sliding_window
+
+    def extend_context(self, features: torch.Tensor, slots: torch.LongTensor) -> None:
+        """The target's features [rows, n, F] of the slots [rows, n] just verified; the drafter caches them and reads
+        those below each row's next root."""
+        self.context = (features, slots)
+
+    def propose(self, decoder: FixedShapeDecoder, verify_len: int) -> torch.LongTensor:
+        """The block to verify [rows, V]: each row's newest token, then its chain of drafts."""
+        drafts, _ = self.draft_chain(decoder, verify_len)
+        return torch.cat([decoder.newest_tokens()[:, None], drafts.to(decoder.slot.device)], dim=1)
+
+    def hidden_states(self, decoder: FixedShapeDecoder, verify_len: int) -> torch.Tensor:
+        drafter = self.drafter
+        device = drafter.device
+        features, context_slots = self.context
+        context_slots = context_slots.to(device)
+        set_write_index(self.cache, context_slots)
+        root = decoder.slot.to(device)
+        pads = decoder.pads.to(device)
+        block_ids = torch.full((len(root), verify_len), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        block_ids[:, 0] = decoder.newest_tokens().to(device)
+        block_slots = root[:, None] + decoder.offsets[:verify_len].to(device)
+        positions = (torch.cat([context_slots, block_slots], dim=1) - pads[:, None]).clamp(min=0)
+        hidden = self.drafter_call(
+            noise_embeds=drafter.embed(self.target, block_ids).to(device),
+            context_hidden_states=features.to(device),
+            position_ids=positions,
+            attention_mask=self._masks(block_slots, decoder.key_is_pad.to(device)),
+            cache=self.cache,
+        ).last_hidden_state
+        if not self.compiled:  # the context's width is the block's from the next draft on
+            self.drafter_call, self.compiled = compiled_call(drafter, decoder.compile_config), True
+        return hidden[:, 1:]
+
+    def _masks(self, block_slots: torch.LongTensor, key_is_pad: torch.BoolTensor) -> dict:
+        """Boolean masks [rows, 1, V, capacity + V]: the cached slots below each row's root that hold real tokens,
+        then the block, seen as `_drafter_masks` sees it (within a sliding window; causally where the config says)."""
+        capacity = key_is_pad.shape[1]
+        root = block_slots[:, :1]  # [rows, 1]
+        keys = torch.arange(capacity, device=block_slots.device)
+        cached = (keys < root) & ~key_is_pad  # [rows, capacity]
+        rows, width = block_slots.shape
+        visible = torch.cat([cached[:, None, :].expand(-1, width, -1),
+                             torch.ones(rows, width, width, dtype=torch.bool, device=block_slots.device)], dim=-1)
+        key_slots = torch.cat([keys.expand(rows, -1), block_slots], dim=1)
+        distance = block_slots[:, :, None] - key_slots[:, None, :]
+        config = self.drafter.config
+        masks = {}
+        for kind in self.layer_types:
+            window = self.sliding_window if kind == "sliding_attention" else None
+            masks[kind] = (visible & block_visibility(distance, window, config.layer_is_causal(kind)))[:, None]
+        return masks
+
+
+def fixed_shape_loop(proposer: FixedShapeProposer, decoder: FixedShapeDecoder, input_ids) -> None:
+    """Prefill, then propose / verify / accept, every step the same shapes, until every row has stopped (read one step
+    late: the host learns of it while the next step is already queued)."""
+    out = decoder.prefill(input_ids)
+    proposer.extend_context(proposer.features(out.hidden_states), decoder.prompt_slots(len(input_ids)))
+    flags = _DeferredFlags(decoder.finished)
+    flags.publish(decoder.finished)
+    for _ in range(decoder.max_length - decoder.prompt_len):
+        if flags.all_set():  # on CUDA as of the step before the last: the last may have had nothing left to commit
+            break
+        block = proposer.propose(decoder, decoder.block_size)  # [rows, V]
+        out = decoder.verify_forward(block)
+        written = decoder.accept(out.logits, block)  # [rows, V]: the slots the block went to
+        proposer.extend_context(proposer.features(out.hidden_states), written)
+        flags.publish(decoder.finished)
+
+
+class _DeferredFlags:
+    """Each step's stop flags copied to the host without waiting for the device (pinned memory, an event per copy on
+    CUDA, as transformers' `DeferredStopCheck`); on CUDA `all_set` reads the copy published before the last one,
+    which the device made while the host queued the last step. A CPU has no queue to keep busy: it reads the last."""
+
+    def __init__(self, flags: torch.BoolTensor):
+        cuda = flags.device.type == "cuda"
+        self.buffers = [torch.zeros(flags.shape, dtype=torch.bool, pin_memory=cuda) for _ in range(2)]
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.lag = 1 if cuda else 0
+        self.published = 0
+
+    def publish(self, flags: torch.BoolTensor) -> None:
+        i = self.published % 2
+        self.buffers[i].copy_(flags, non_blocking=True)
+        if self.events[i] is not None:
+            self.events[i].record()
+        self.published += 1
+
+    def all_set(self) -> bool:
+        i = (self.published - 1 - self.lag) % 2
+        if self.events[i] is not None:
+            self.events[i].synchronize()
+        return bool(self.buffers[i].all())
+
+
+def wants_fixed_shape(generation_config, cache) -> bool:
+    """Whether the call asks for static caches: `cache_implementation="static"`, or a `StaticCache` given."""
+    from transformers.cache_utils import StaticCache
+
+    return generation_config.cache_implementation == "static" or isinstance(cache, StaticCache)
+
+
+__all__ = ["FixedShapeDecoder", "FixedShapeProposer", "fixed_shape_loop", "unsupported_reason", "wants_fixed_shape"]

@@ -1,0 +1,183 @@
+"""DFlash2 drafters: the z-lab format both ways with the reference, the same drafts as the reference's selector, and
+decoding through `generate` (greedy identity, trees, the fixed-shape path)."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModel
+
+import hf_dflash
+from hf_dflash import DFlash2Config, DFlash2DraftModel, DFlashDraftModel
+from hf_dflash.bigram import conditional_chain
+from conftest import ARCHITECTURES, MASK, left_padded, make_target
+
+# The published drafters' layout: sliding-window layers that see the whole block (`is_causal: false`). A window
+# shorter than the block checks that it is counted both ways.
+CONFIG = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=100, layer_types=["sliding_attention"] * 2, sliding_window=6, num_target_layers=6,
+    is_causal=False, dtype="float32",
+)
+BLOCK = dict(block_size=8, conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4,
+             target_layer_ids=[1, 3], mask_token_id=99)
+
+
+def _reference():
+    return pytest.importorskip("dflash.model", reason="the reference: pip install --no-deps dflash==0.1.0")
+
+
+def _random_weights(model, seed=0):
+    """Every tensor random (the reference leaves its base taps uninitialised), large enough that the convolutions
+    and the selector change the drafts."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    return model.eval()
+
+
+def _inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    context, noise = torch.randn(2, 5, 128, generator=g), torch.randn(2, 8, 64, generator=g)
+    return context, noise, torch.arange(13)[None].expand(2, -1), torch.tensor([3, 7])
+
+
+def _compare(ours, reference):
+    """Hidden states, draft logits and the selector's greedy path of the two implementations, on the same inputs."""
+    context, noise, positions, anchor = _inputs()
+    head = torch.nn.Linear(64, 100, bias=False)
+    with torch.no_grad():
+        hidden = ours(noise_embeds=noise, context_hidden_states=context, position_ids=positions).last_hidden_state
+        expected = reference(target_hidden=context, noise_embedding=noise, position_ids=positions)
+        assert (hidden - expected).abs().max() < 1e-5
+        logits = ours.compute_logits(hidden[:, 1:], head)
+        assert (logits - reference.compute_logits(expected[:, 1:], head)).abs().max() < 1e-5
+        path, candidates, _ = reference.propose(expected[:, 1:], anchor, head, 0.0)
+        ids, probs = ours.candidates(hidden[:, 1:], head, anchor)
+    assert torch.equal(ids.sort(-1).values, candidates.sort(-1).values)  # the reference's top-k is unsorted
+    drafts, _ = conditional_chain(ids, probs)
+    assert torch.equal(drafts, path)
+    assert not torch.equal(drafts, logits.argmax(-1)), "the selector should change some drafts in this test"
+
+
+def test_our_files_load_in_the_reference(tmp_path):
+    reference = _reference()
+    ours = _random_weights(DFlash2DraftModel(DFlash2Config(**CONFIG, dflash_config=BLOCK)))
+    ours.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    assert {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook"} <= names  # z-lab's
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["is_causal"] is False
+    assert {k: config["dflash_config"][k] for k in BLOCK} == BLOCK
+    _compare(ours, reference.DFlash2DraftModel.from_pretrained(tmp_path, dtype=torch.float32).eval())
+
+
+def test_reference_files_load_here(tmp_path):
+    reference = _reference()
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(**CONFIG)
+    config.dflash_config, config.architectures = dict(BLOCK), ["DFlash2DraftModel"]
+    theirs = _random_weights(reference.DFlash2DraftModel(config))
+    theirs.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.float32)
+    assert type(loaded) is DFlash2DraftModel
+    _compare(loaded.eval(), theirs)
+    # and as published, codebooks without `.weight`
+    published = tmp_path / "published"
+    loaded.save_pretrained(published)
+    again = hf_dflash.DFlash2DraftModel.from_pretrained(published, dtype=torch.float32)
+    assert torch.equal(again.candidate_selector.successor_codebook.weight, theirs.candidate_selector.successor_codebook.weight)
+
+
+def test_a_dflash2_config_is_refused_by_the_dflash_class(tmp_path):
+    DFlash2DraftModel(DFlash2Config(**CONFIG, dflash_config=BLOCK)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="DFlash2 drafter's config"):
+        DFlashDraftModel.from_pretrained(tmp_path)
+
+
+def test_a_new_dflash2_drafter_starts_as_dflash():
+    """Identity base taps: before training the convolutions pass their input through (plus small dynamic taps)."""
+    drafter = DFlash2DraftModel(DFlash2Config(**CONFIG, dflash_config=BLOCK))
+    kernel = drafter.layers[0].attention_conv.base_kernel
+    assert torch.equal(kernel[:, 0], torch.ones_like(kernel[:, 0])) and not kernel[:, 1:].any()
+
+
+def make_dflash2(target, block_size=4, seed=1, **kwargs):
+    torch.manual_seed(seed)
+    drafter = DFlash2DraftModel.from_target(
+        target, num_hidden_layers=1, block_size=block_size, mask_token_id=MASK,
+        dflash_config={"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4}, **kwargs,
+    )
+    return _random_weights(drafter, seed).to(target.dtype)
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_identity(arch, batch):
+    target = make_target(arch)
+    drafter = make_dflash2(target)
+    ids, mask = left_padded(batch)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    for tree in (0, 6, "auto"):
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
+                              draft_tree_size=tree, assistant_confidence_threshold=0.0)
+        assert torch.equal(out, plain), (arch, batch, tree)
+
+
+def test_the_chain_is_the_selectors_walk(monkeypatch):
+    """In the loop, each step's drafts are the selector's greedy path, which differs from the per-position argmax."""
+    from hf_dflash.generation import DFlashProposer
+
+    target = make_target("qwen3")
+    drafter = make_dflash2(target)
+    seen = []
+    original = DFlashProposer.conditional_candidates
+
+    def spy(self, decoder, verify_len, k):
+        ids, probs = original(self, decoder, verify_len, k)
+        seen.append((ids, probs))
+        return ids, probs
+
+    monkeypatch.setattr(DFlashProposer, "conditional_candidates", spy)
+    ids, mask = left_padded(1)
+    result = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, assistant_model=drafter,
+                             draft_tree_size=0, assistant_confidence_threshold=0.0)
+    assert torch.equal(result, target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12))
+    assert seen and all(ids.shape[-1] == 4 and probs.shape[-2:] == (4, 4) for ids, probs in seen)
+    walks = [conditional_chain(ids, probs)[0] for ids, probs in seen]
+    assert any(not torch.equal(walk, ids[..., 0]) for walk, (ids, _) in zip(walks, seen))
+
+
+def test_fixed_shape_path_serves_dflash2():
+    target = make_target("qwen3")
+    drafter = make_dflash2(target)
+    ids, mask = left_padded(3)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
+                          draft_tree_size=0, assistant_confidence_threshold=0.0, cache_implementation="static")
+    assert torch.equal(out, plain)
+
+
+def test_sampling_is_exact_with_dflash2():
+    """The selector's drafts are a point-mass proposal like any greedy draft: a G-test against the enumerated
+    distribution (the harness of test_sampling), on a DFlash2 drafter whose chain the selector reorders."""
+    from test_sampling import PROMPT, SETTINGS, VOCAB, draw, exact_distribution, g_test
+
+    target = make_target("qwen3", vocab_size=VOCAB, initializer_range=0.3, seed=3, dtype=torch.float32)
+    torch.manual_seed(1)
+    drafter = DFlash2DraftModel.from_target(
+        target, num_hidden_layers=1, block_size=4, mask_token_id=VOCAB - 1,
+        dflash_config={"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4},
+    )
+    drafter = _random_weights(drafter, 2)
+    settings = SETTINGS["top_k_top_p"]
+    dist = exact_distribution(target, settings)
+    counts, acceptance = draw(target, drafter, settings)
+    assert set(counts) <= set(dist)
+    g, threshold = g_test(counts, dist)
+    assert g < threshold
+    assert any(n > 1 for row in acceptance for n in row), "some steps should commit accepted drafts"

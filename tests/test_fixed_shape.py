@@ -1,0 +1,172 @@
+"""The fixed-shape path (`cache_implementation="static"`): the same tokens as plain `generate`, the same distribution
+when sampling, one compiled graph for every step, and the general loop wherever it cannot serve a call."""
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from transformers import CompileConfig
+
+from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
+from hf_dflash.generation import loop
+from test_sampling import SAMPLES, draw, exact_distribution, g_test
+from test_sampling import drafter, greedy_oracle, target  # noqa: F401 (fixtures: test_sampling's 8-token target)
+
+STATIC = dict(cache_implementation="static")
+
+
+def loops_run(monkeypatch) -> list:
+    """Which loop each DFlash call ran: "fixed" or "general"."""
+    runs = []
+    for name, label in (("fixed_shape_loop", "fixed"), ("speculative_loop", "general")):
+        real = getattr(loop, name)
+        monkeypatch.setattr(loop, name, lambda *a, _real=real, _label=label: runs.append(_label) or _real(*a))
+    return runs
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_equals_plain_generate(arch, batch, oracle, monkeypatch):
+    runs = loops_run(monkeypatch)
+    target = make_target(arch)
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(batch)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    oracle(correct_upto="random", seed=2)  # rows accept different numbers of drafts, every step
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+                          return_dict_in_generate=True, **STATIC)
+    assert runs == ["fixed"]
+    assert torch.equal(out.sequences, plain)
+    steps = [n for row in out.acceptance_lengths for n in row]
+    assert max(steps) > 1 and min(steps) >= 1 and len(set(steps)) > 1
+    assert [sum(row) for row in out.acceptance_lengths] == [24 - 1] * batch  # the prefill commits the first
+
+
+def test_eos_inside_a_block_and_the_max_length_cut(oracle):
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=5)
+    ids, mask = left_padded(3)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    eos = int(reference[0, ids.shape[1] + 6])  # row 0's 7th new token: inside a block of the oracle's drafts
+    for max_new_tokens in (30, 9):  # 9: every row's last step is cut by max_length inside its block
+        plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                                eos_token_id=eos, pad_token_id=0)
+        oracle(correct_upto=None)
+        fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                               eos_token_id=eos, pad_token_id=0, assistant_model=drafter, **STATIC)
+        assert torch.equal(fast, plain)
+    assert (plain[0] == eos).any()
+
+
+def test_one_graph_for_every_step(oracle, monkeypatch):
+    """fullgraph=True, and no recompile over a 64+-step generation whose rows accept different lengths."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    target = make_target("gemma3")  # sliding-window and full-attention layers
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(3)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170)
+    oracle(correct_upto="random", seed=5)
+    compile_config = CompileConfig(backend="aot_eager", fullgraph=True, mode=None)
+    compile_config._compile_all_devices = True  # transformers compiles on a CPU only when asked to
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170, assistant_model=drafter,
+                          return_dict_in_generate=True, compile_config=compile_config, **STATIC)
+    assert torch.equal(out.sequences, plain)
+    assert max(len(row) for row in out.acceptance_lengths) >= 64  # steps: the longest-lived row's
+    # a second call with other prompt lengths reuses the graphs (error_on_recompile would raise otherwise)
+    ids, mask = left_padded(3, lengths=[2, 8, 5], seed=1)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170)
+    oracle(correct_upto="random", seed=6)
+    again = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170, assistant_model=drafter,
+                            compile_config=compile_config, **STATIC)
+    assert torch.equal(again, plain)
+
+
+def test_steps_compile_where_transformers_compiles(monkeypatch):
+    """On a CPU, transformers compiles plain decoding only when `compile_config` asks for every device; so does the
+    fixed-shape path, and `disable_compile` turns it off."""
+    compiled = []
+    monkeypatch.setattr("torch.compile", lambda fn, **kwargs: compiled.append(kwargs) or fn)
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(2)
+    target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter, **STATIC)
+    assert compiled == []
+    compile_config = CompileConfig(backend="aot_eager")
+    compile_config._compile_all_devices = True
+    target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter,
+                    compile_config=compile_config, disable_compile=True, **STATIC)
+    assert compiled == []
+    target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter,
+                    compile_config=compile_config, **STATIC)
+    assert len(compiled) == 2 and all(c["backend"] == "aot_eager" for c in compiled)  # the drafter and the target
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.7, top_k=3, top_p=0.9), dict(temperature=1.3, min_p=0.05)])
+def test_sampling_draws_the_target_distribution(target, drafter, greedy_oracle, settings, monkeypatch):  # noqa: F811
+    runs = loops_run(monkeypatch)
+    dist = exact_distribution(target, settings)
+    counts, acceptance = draw(target, drafter, {**settings, **STATIC})
+    assert runs == ["fixed"]
+    assert set(counts) <= set(dist), "sampled a sequence the processors give probability 0"
+    g, threshold = g_test(counts, dist)
+    assert g < threshold
+    assert sum(row[0] == 3 for row in acceptance) > SAMPLES // 10  # whole blocks accepted
+    g_other, threshold_other = g_test(counts, exact_distribution(target, {**settings, "temperature": 2.0}))
+    assert g_other > 2 * threshold_other  # negative control
+
+
+@pytest.mark.parametrize("setting, reason", [
+    (dict(draft_tree_size=4), "draft_tree_size=4"),
+    (dict(assistant_confidence_threshold=0.5), "assistant_confidence_threshold=0.5"),
+    (dict(repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
+    (dict(stop_strings=["ab"]), "stop strings"),
+    (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
+])
+def test_what_it_cannot_serve_runs_on_the_general_loop(setting, reason, monkeypatch):
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    runs = loops_run(monkeypatch)
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(2)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=8, tokenizer=make_tokenizer(), **setting)
+    plain = target.generate(ids, **{k: v for k, v in kwargs.items() if k != "draft_tree_size"})
+    logger = logging.get_logger("hf_dflash.generation.loop")
+    type(logger).warning_once.cache_clear()
+    with CaptureLogger(logger) as captured:
+        out = target.generate(ids, assistant_model=drafter, **kwargs, **STATIC)
+    assert runs == ["general"]
+    assert "runs on the general loop" in captured.out and reason in captured.out
+    plain = plain if torch.is_tensor(plain) else plain.sequences
+    assert torch.equal(out if torch.is_tensor(out) else out.sequences, plain)
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the tensor operations that make the host wait for the device's result."""
+
+    READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
+             torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero, torch.Tensor.unique}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_host_read_per_step():
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(3)
+    reads = {}
+    for name, kwargs in (("fixed", STATIC), ("general", {})):
+        with HostReads() as counter:
+            out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40,
+                                  assistant_model=drafter, return_dict_in_generate=True, **kwargs)
+        reads[name] = (counter.count, max(len(row) for row in out.acceptance_lengths))
+    count, steps = reads["fixed"]
+    assert steps >= 20 and count <= steps + 10  # one a step, plus a few for the prefill and the result
+    assert reads["general"][0] > 5 * steps  # the counter sees the general loop's reads
