@@ -41,22 +41,26 @@ class GroupedDynamicCausalConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.empty(2, self.kernel_size, config.hidden_size))
         self.kernel_projection = nn.Linear(config.hidden_size, 2 * self.kernel_size * self.groups, bias=False)
 
-    def prepare(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # taps: [batch, block_len, 2, kernel, groups], computed from the normed input for both convolutions
+    def prepare(self, hidden_states: torch.Tensor, block_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        # taps: [batch, L, 2, kernel, groups], computed from the normed input for both convolutions
         taps = self.kernel_projection(hidden_states).view(*hidden_states.shape[:-1], 2, self.kernel_size, self.groups)
-        return self._convolve(hidden_states, taps[:, :, 0], self.base_kernel[0]), taps[:, :, 1]
+        return self._convolve(hidden_states, taps[:, :, 0], self.base_kernel[0], block_len), taps[:, :, 1]
 
-    def finish(self, hidden_states: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
-        return self._convolve(hidden_states, taps, self.base_kernel[1])
+    def finish(self, hidden_states: torch.Tensor, taps: torch.Tensor, block_len: int | None = None) -> torch.Tensor:
+        return self._convolve(hidden_states, taps, self.base_kernel[1], block_len)
 
-    def _convolve(self, hidden_states: torch.Tensor, taps: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        # hidden_states [batch, L, hidden] -> [batch, L, groups, group_size]; taps [batch, L, kernel, groups]
+    def _convolve(self, hidden_states, taps, base, block_len) -> torch.Tensor:
+        # hidden_states [batch, L, hidden] -> [batch, L, groups, group_size]; taps [batch, L, kernel, groups]. The input
+        # is one block, or (training) blocks of `block_len` one after the other: no tap reaches into another block.
         batch, length, hidden = hidden_states.shape
         grouped = hidden_states.view(batch, length, self.groups, self.group_size)
         base = base.to(hidden_states.dtype).view(self.kernel_size, self.groups, self.group_size)
+        slot = torch.arange(length, device=hidden_states.device) % (block_len or length)
         output = torch.zeros_like(grouped)
         for tap in range(min(self.kernel_size, length)):
             shifted = F.pad(grouped[:, : length - tap], (0, 0, 0, 0, tap, 0))  # zeros before the block's start
+            if block_len and block_len < length:
+                shifted = shifted * (slot >= tap).to(shifted.dtype)[:, None, None]
             output = output + (base[tap] + taps[:, :, tap, :, None]) * shifted
         return output.view(batch, length, hidden)
 
@@ -67,15 +71,16 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
         self.attention_conv = GroupedDynamicCausalConv(config)
         self.mlp_conv = GroupedDynamicCausalConv(config)
 
-    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None, **kwargs):
+    def forward(self, hidden_states, context, position_embeddings, attention_mask=None, cache=None, block_len=None,
+                **kwargs):
         residual = hidden_states
         # diff with DFlash: each sublayer's normed input and its output go through the layer's convolutions
-        hidden_states, taps = self.attention_conv.prepare(self.input_layernorm(hidden_states))
+        hidden_states, taps = self.attention_conv.prepare(self.input_layernorm(hidden_states), block_len)
         hidden_states, _ = self.self_attn(hidden_states, context, position_embeddings, attention_mask, cache, **kwargs)
-        hidden_states = residual + self.attention_conv.finish(hidden_states, taps)
+        hidden_states = residual + self.attention_conv.finish(hidden_states, taps, block_len)
         residual = hidden_states
-        hidden_states, taps = self.mlp_conv.prepare(self.post_attention_layernorm(hidden_states))
-        return residual + self.mlp_conv.finish(self.mlp(hidden_states), taps)
+        hidden_states, taps = self.mlp_conv.prepare(self.post_attention_layernorm(hidden_states), block_len)
+        return residual + self.mlp_conv.finish(self.mlp(hidden_states), taps, block_len)
 
 
 class CandidateSelector(nn.Module):
@@ -100,7 +105,8 @@ class CandidateSelector(nn.Module):
 
 
 class DFlash2DraftModel(DFlashDraftModel):
-    """The DFlash2 drafter: `forward` as DFlash's with convolutions in every layer; `candidates` gives each draft
+    """The DFlash2 drafter: `forward` as DFlash's with convolutions in every layer (`block_len=B` when the input
+    holds several blocks of B one after the other, as in training); `candidates` gives each draft
     position's top-k tokens with the selector's probabilities under each possible parent, from which the loop drafts
     a chain (the selector's greedy walk, as the reference drafts) or a tree."""
 

@@ -165,19 +165,78 @@ def test_fixed_shape_path_serves_dflash2():
 def test_sampling_is_exact_with_dflash2():
     """The selector's drafts are a point-mass proposal like any greedy draft: a G-test against the enumerated
     distribution (the harness of test_sampling), on a DFlash2 drafter whose chain the selector reorders."""
-    from test_sampling import PROMPT, SETTINGS, VOCAB, draw, exact_distribution, g_test
+    from test_sampling import VOCAB, assert_samples_the_target_distribution, sampling_target
 
-    target = make_target("qwen3", vocab_size=VOCAB, initializer_range=0.3, seed=3, dtype=torch.float32)
+    target = sampling_target()
     torch.manual_seed(1)
     drafter = DFlash2DraftModel.from_target(
         target, num_hidden_layers=1, block_size=4, mask_token_id=VOCAB - 1,
         dflash_config={"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4},
     )
-    drafter = _random_weights(drafter, 2)
-    settings = SETTINGS["top_k_top_p"]
-    dist = exact_distribution(target, settings)
-    counts, acceptance = draw(target, drafter, settings)
-    assert set(counts) <= set(dist)
-    g, threshold = g_test(counts, dist)
-    assert g < threshold
-    assert any(n > 1 for row in acceptance for n in row), "some steps should commit accepted drafts"
+    assert_samples_the_target_distribution(target, _random_weights(drafter, 2))
+
+
+def test_the_convolutions_stay_inside_each_block():
+    """Training lays blocks of B one after the other: with `block_len=B` each block is convolved as if alone."""
+    from hf_dflash.modeling.modeling_dflash2 import GroupedDynamicCausalConv
+
+    conv = _random_weights(GroupedDynamicCausalConv(DFlash2Config(**{**CONFIG, "dtype": "float64"},
+                                                                  dflash_config={**BLOCK, "conv_kernel_size": 3})))
+    conv = conv.double()
+    blocks = torch.randn(2, 3 * 4, 64, dtype=torch.float64)
+    together, taps = conv.prepare(blocks, block_len=4)
+    for n in range(3):
+        alone, alone_taps = conv.prepare(blocks[:, 4 * n : 4 * n + 4])
+        torch.testing.assert_close(together[:, 4 * n : 4 * n + 4], alone)
+        torch.testing.assert_close(conv.finish(blocks, taps, 4)[:, 4 * n : 4 * n + 4],
+                                   conv.finish(blocks[:, 4 * n : 4 * n + 4], alone_taps))
+    assert not torch.allclose(together, conv.prepare(blocks)[0])  # without it the taps reach across blocks
+
+
+def test_one_training_step_updates_the_convolutions_and_the_selector():
+    from hf_dflash.training import TrainingConfig, drafter_loss, slot_weights
+
+    from test_training import one_step_inputs
+
+    target = make_target("qwen3", dtype=torch.float32).requires_grad_(False)
+    drafter = make_dflash2(target).float().train()
+    before = {k: v.clone() for k, v in drafter.named_parameters()}
+    batch, features = one_step_inputs(target, drafter)
+    config = TrainingConfig(target="", data="", output="", block_size=4, architecture="dflash2", loss="ce",
+                            selector_loss_alpha=1.0)
+    loss, metrics = drafter_loss(drafter, target, batch, features, config, slot_weights(4))
+    assert metrics["selector_count"] > 0  # the labels that are among the candidates train the selector
+    unary_only, _ = drafter_loss(drafter, target, batch, features, TrainingConfig(
+        **{**config.__dict__, "selector_loss_alpha": 0.0}), slot_weights(4))
+    assert loss > unary_only
+    loss.backward()
+    torch.optim.AdamW(drafter.parameters(), lr=1e-2).step()
+    for name, value in drafter.named_parameters():
+        assert not torch.equal(value, before[name]), f"{name} did not change"
+
+
+def test_train_a_dflash2_drafter_from_a_dflash_one(tmp_path):
+    """`--architecture dflash2`, warm-started from a DFlash drafter (`--init-from`): its convolutions start as the
+    identity, so the first loss is the DFlash drafter's; the saved folder is a DFlash2 drafter in the z-lab format."""
+    from test_training import tiny_data
+
+    from hf_dflash.training import TrainingConfig, train
+    from conftest import make_tokenizer
+
+    target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
+    tiny_data(target, tmp_path / "data.jsonl", n=8)
+    common = dict(target="tiny", data=str(tmp_path / "data.jsonl"), block_size=4, mask_token_id=47, num_anchors=8,
+                  batch_size=2, save_steps=1000, logging_steps=1, loss="ce")
+    train(TrainingConfig(**common, output=str(tmp_path / "dflash"), max_steps=20, learning_rate=3e-3),
+          target=target, tokenizer=make_tokenizer(48))
+    config = TrainingConfig(**common, output=str(tmp_path / "dflash2"), max_steps=20, learning_rate=3e-3,
+                            architecture="dflash2", selector_rank=8, init_from=str(tmp_path / "dflash"),
+                            selector_loss_alpha=0.0)
+    train(config, target=target, tokenizer=make_tokenizer(48))
+    log = [json.loads(line) for line in (tmp_path / "dflash2" / "train_log.jsonl").read_text().splitlines()]
+    dflash_log = [json.loads(line) for line in (tmp_path / "dflash" / "train_log.jsonl").read_text().splitlines()]
+    first = [r for r in log if "loss" in r][0]
+    assert "selector_accuracy" in first
+    assert first["loss"] < [r for r in dflash_log if "loss" in r][0]["loss"]  # starts where the DFlash run ended
+    loaded = AutoModel.from_pretrained(tmp_path / "dflash2")
+    assert type(loaded) is DFlash2DraftModel and loaded.config.selector_rank == 8

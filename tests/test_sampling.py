@@ -33,8 +33,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def target():
-    # a larger init spread than the default makes the distributions peaked enough for top-p / min-p to cut
-    return make_target("qwen3", vocab_size=VOCAB, initializer_range=0.3, seed=3, dtype=torch.float32)
+    return sampling_target()
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +131,24 @@ def g_test(counts: Counter, dist: dict[tuple, float]) -> tuple[float, float]:
     g = 2 * sum(o * math.log(o / e) for o, e in zip(observed, expected) if o > 0)
     df = len(observed) - 1
     return g, df + 5 * math.sqrt(2 * df)
+
+
+def sampling_target():
+    """The target of these tests: a larger init spread than the default makes the distributions peaked enough for
+    top-p / min-p to cut."""
+    return make_target("qwen3", vocab_size=VOCAB, initializer_range=0.3, seed=3, dtype=torch.float32)
+
+
+def assert_samples_the_target_distribution(target, drafter, setting: str = "top_k_top_p") -> None:
+    """A G-test of one batched DFlash draw against the enumerated distribution, where some drafts are accepted (for
+    other drafter formats: DFlash2, transformers' own)."""
+    settings = SETTINGS[setting]
+    dist = exact_distribution(target, settings)
+    counts, acceptance = draw(target, drafter, settings)
+    assert set(counts) <= set(dist)
+    g, threshold = g_test(counts, dist)
+    assert g < threshold
+    assert any(n > 1 for row in acceptance for n in row), "some steps should commit accepted drafts"
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))

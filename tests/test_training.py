@@ -99,17 +99,22 @@ def test_slot_weights_follow_the_recipe():
     torch.testing.assert_close(slot_weights(4, gamma=2.0)[3], torch.exp(torch.tensor(-1.0)))
 
 
+def one_step_inputs(target, drafter, block_size: int = 4):
+    """A micro-batch of two random samples (6 anchors each) and the target's features for it."""
+    samples = [(torch.randint(2, MASK, (24,)).tolist(), [0] * 4 + [1] * 20) for _ in range(2)]
+    g = torch.Generator().manual_seed(0)
+    batch = build_batch(samples, [sample_anchors(torch.tensor(m), 6, g) for _, m in samples], block_size, MASK)
+    with torch.no_grad():
+        out = target(input_ids=batch["input_ids"], attention_mask=batch["valid"].long(), output_hidden_states=True)
+    return batch, torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], -1)
+
+
 def test_one_step_updates_every_trainable_parameter_and_nothing_frozen():
     target = make_target("qwen3", dtype=torch.float32).requires_grad_(False)  # as train() freezes it
     drafter = make_drafter(target, block_size=4, num_hidden_layers=2).float().train()
     frozen = {k: v.clone() for k, v in target.state_dict().items()}
     before = {k: v.clone() for k, v in drafter.named_parameters()}
-    samples = [(torch.randint(2, MASK, (24,)).tolist(), [0] * 4 + [1] * 20) for _ in range(2)]
-    g = torch.Generator().manual_seed(0)
-    batch = build_batch(samples, [sample_anchors(torch.tensor(m), 6, g) for _, m in samples], 4, MASK)
-    with torch.no_grad():
-        out = target(input_ids=batch["input_ids"], attention_mask=batch["valid"].long(), output_hidden_states=True)
-    features = torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], -1)
+    batch, features = one_step_inputs(target, drafter)
     config = TrainingConfig(target="", data="", output="", block_size=4)
     loss, metrics = drafter_loss(drafter, target, batch, features, config, slot_weights(4))
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-2)

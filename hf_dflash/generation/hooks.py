@@ -4,9 +4,10 @@ Each hook wraps one transformers entry point, acts only when a DFlash drafter is
 original unchanged. `install_hooks()` runs on `import hf_dflash` and is idempotent; `uninstall_hooks()` restores
 transformers exactly.
 
-- `GenerationMixin.generate`: with `assistant_model=<DFlashDraftModel>` and no `speculation_type` (which selects
-  transformers' native DFlash path), the call goes to `hf_dflash.generate` (`generation.loop`); a drafter's checkpoint loaded as another
-  class (`AutoModelForCausalLM`, `trust_remote_code=True`) is refused with how to load it.
+- `GenerationMixin.generate`: with `assistant_model=<DFlashDraftModel>` (or a DFlash2 one, or transformers' own
+  `muse_glimmer_assistant` drafter, seen through `hf_dflash.native`) and no `speculation_type` (which selects
+  transformers' native DFlash path), the call goes to `hf_dflash.generate` (`generation.loop`); a drafter's checkpoint
+  loaded as another class (`AutoModelForCausalLM`, `trust_remote_code=True`) is refused with how to load it.
 - `AutoModel.from_pretrained`: z-lab checkpoints say `model_type: "qwen3"` (so vLLM / SGLang read them), which
   transformers maps to `Qwen3Model`; a checkpoint whose config names `DFlashDraftModel` or `DFlash2DraftModel` (or
   carries a `dflash_config` block) loads as `hf_dflash.DFlashDraftModel` / `DFlash2DraftModel` instead, unless `trust_remote_code=True` asks for
@@ -18,6 +19,7 @@ import functools
 from transformers import AutoModel, GenerationMixin, PretrainedConfig
 
 from ..modeling import DFlash2Config, DFlash2DraftModel, DFlashConfig, DFlashDraftModel
+from ..native import is_native_drafter
 from .loop import generate, original_generate, unhooked
 
 _original_auto_from_pretrained = unhooked(AutoModel.from_pretrained.__func__)
@@ -28,7 +30,7 @@ _HUB_KWARGS = ("cache_dir", "force_download", "proxies", "token", "revision", "l
 def _generate(self, *args, assistant_model=None, **kwargs):
     config = kwargs.get("generation_config") or self.generation_config
     native = kwargs.get("speculation_type") or getattr(config, "speculation_type", None)
-    if isinstance(assistant_model, DFlashDraftModel) and not native:
+    if (isinstance(assistant_model, DFlashDraftModel) or is_native_drafter(assistant_model)) and not native:
         return generate(self, assistant_model, *args, **kwargs)
     if assistant_model is not None and not native and is_dflash_checkpoint(getattr(assistant_model, "config", None)):
         # AutoModelForCausalLM on a drafter folder gives a Qwen3 model without the drafter's weights, which would run

@@ -17,6 +17,7 @@ from transformers.utils import logging
 
 from ..devices import without_cudnn_attention
 from ..modeling import DFlashDraftModel
+from ..native import as_dflash_drafter, is_native_drafter
 from .decoder import Decoder
 from .fixed_shape import FixedShapeDecoder, FixedShapeProposer, fixed_shape_loop, unsupported_reason, wants_fixed_shape
 from .kv_cache import warn_unused_cache
@@ -49,7 +50,12 @@ def generate(target, drafter: DFlashDraftModel, inputs=None, **kwargs):
     the drafter's distributions (`hf_dflash.generation.tree`); 0 verifies the chain of argmax drafts. `"auto"`
     chooses the tree size per step from the target's measured forward costs (`hf_dflash.generation.auto_size`); then
     only an explicit `assistant_confidence_threshold` applies, not the drafter's default.
+
+    `drafter`: a `DFlashDraftModel` or `DFlash2DraftModel`, or one of transformers' own DFlash drafters
+    (`muse_glimmer_assistant`, through `hf_dflash.native`).
     """
+    if is_native_drafter(drafter):
+        drafter = as_dflash_drafter(drafter, target.get_output_embeddings().weight.shape[0])
     generation_config = kwargs.pop("generation_config", None)
     config = generation_config if generation_config is not None else target.generation_config
     if (kwargs.get("num_beams") or config.num_beams or 1) > 1:

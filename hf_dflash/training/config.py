@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 LOSSES = ("ce", "dpace", "lk")
+ARCHITECTURES = ("dflash", "dflash2")
 
 
 @dataclass
@@ -55,12 +56,22 @@ class TrainingConfig:
     # ce: the paper's weighted cross-entropy; lk: the target's distribution (needs a store with --target-topk).
     loss: str = "dpace"
     dpace_alpha: float = 0.5  # D-PACE smoothing q~ = (1 - alpha) q + alpha: keeps late slots from vanishing
+    # dflash2: convolutions around each sublayer and a candidate selector trained beside the drafter (docs/design.md)
+    architecture: str = "dflash"
+    # the selector's rank: z-lab's drafters use 256 for 150K-256K vocabularies and hidden sizes of 4K-6K; its two
+    # codebooks cost vocab x rank each, so a small target gets a smaller rank
+    selector_rank: int = 64
+    # weight of the selector's loss beside the drafter's: the published recipes default to 1.0; 0.1 measured better
+    # on Qwen3-4B (their notes)
+    selector_loss_alpha: float = 0.1
     threads: int | None = None  # torch threads of this process (None: torch's default)
     extra: dict = field(default_factory=dict)  # recorded in the model card
 
     def __post_init__(self):
         if self.loss not in LOSSES:
             raise ValueError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}.")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r}: choose one of {', '.join(ARCHITECTURES)}.")
 
 
 FIELD_HELP = {
@@ -103,5 +114,8 @@ FIELD_HELP = {
     "loss": "dpace (default: confidence-weighted slots, measured best), ce (the paper's) or lk (against the target's "
     "distribution; needs a store with --target-topk)",
     "dpace_alpha": "D-PACE confidence smoothing",
+    "architecture": "dflash, or dflash2 (convolutions and a candidate selector, trained jointly)",
+    "selector_rank": "DFlash2: rank of the candidate selector",
+    "selector_loss_alpha": "DFlash2: weight of the selector's loss beside the drafter's",
     "threads": "torch threads of this process",
 }

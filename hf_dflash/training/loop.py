@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ..bigram import DEFAULTS as BIGRAM_DEFAULTS
 from ..bigram import count_bigram_prior
 from ..devices import native_bf16
-from ..modeling import DFlashDraftModel
+from ..modeling import DFlash2DraftModel, DFlashDraftModel
 from .batches import build_batch, sample_anchors
 from .config import TrainingConfig
 from .data import frequent_tokens, load_samples
@@ -79,9 +79,10 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
 
         store_layers = FeatureStore(config.features).target_layer_ids
     torch.manual_seed(config.seed)
-    drafter = DFlashDraftModel.from_target(
+    dflash2 = config.architecture == "dflash2"
+    drafter = (DFlash2DraftModel if dflash2 else DFlashDraftModel).from_target(
         target, config.num_layers, config.block_size, config.mask_token_id, config.target_layer_ids or store_layers,
-        tokenizer,
+        tokenizer, **({"dflash_config": {"selector_rank": config.selector_rank}} if dflash2 else {}),
     ).float()
     drafter.config.dflash_config["target_model"] = config.target  # the id, not a resolved local path
     if config.init_from:
@@ -175,7 +176,7 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         raw_drafter.eval()
-        if config.bigram_prior:  # counted at the end: no checkpoint holds it, so a resumed run never needs it
+        if config.bigram_prior and not dflash2:  # DFlash2's selector does its work. Counted at the end: no checkpoint holds it, so a resumed run never needs it
             prior = count_bigram_prior(samples, raw_drafter.config.vocab_size, raw_drafter.draft_vocab)
             raw_drafter.set_bigram_prior(*prior, **BIGRAM_DEFAULTS)
         raw_drafter.save_pretrained(output)
@@ -240,6 +241,8 @@ class _Window:
             "loss": float(totals["weighted_loss"] / totals["weight"].clamp(min=1e-6)),
             "lr": lr,
             "slot_accuracy": [round(a, 4) for a in accuracy],
+            **({"selector_accuracy": round(float(totals["selector_correct"] / totals["selector_count"].clamp(min=1)), 4)}
+               if "selector_count" in totals else {}),
             "predicted_tau": float(1 + totals["accepted"] / totals["blocks"].clamp(min=1)),
             "tokens_per_s": self.tokens * accelerator.num_processes / max(seconds, 1e-9),
             "s_per_step": seconds / max(self.steps, 1),
@@ -251,7 +254,8 @@ class _Window:
 def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
     """Copy the weights of another drafter of the same shape into `drafter`: `source` is a saved drafter folder, a
     training checkpoint folder (`checkpoints/checkpoint-N`), a `.safetensors` file or a Hub id. Its draft
-    vocabulary and bigram prior are not copied (a run sets its own: `draft_vocab_size`, `bigram_prior`)."""
+    vocabulary and bigram prior are not copied (a run sets its own: `draft_vocab_size`, `bigram_prior`). A DFlash2
+    drafter may start from a DFlash one: its convolutions (the identity) and selector keep their initialisation."""
     path = Path(source)
     if path.is_dir():
         path = path / "model.safetensors"
@@ -264,9 +268,12 @@ def load_drafter_weights(drafter: DFlashDraftModel, source: str) -> None:
     state = load_file(str(path))
     for name in ("draft_vocab", "bigram_keys", "bigram_boosts"):  # the run sets its own
         state.pop(name, None)
+    state = {f"{k}.weight" if k.endswith("_codebook") else k: v for k, v in state.items()}  # z-lab DFlash2 names
+    from_dflash = isinstance(drafter, DFlash2DraftModel) and not any("_conv." in k for k in state)
     try:
         result = drafter.load_state_dict(state, strict=False)  # raises on a shape mismatch
-        bad = result.missing_keys + result.unexpected_keys
+        missing = [k for k in result.missing_keys if not (from_dflash and ("_conv." in k or "candidate_selector" in k))]
+        bad = missing + result.unexpected_keys
     except RuntimeError as error:
         bad = [str(error).splitlines()[-1].strip()]
     if bad:

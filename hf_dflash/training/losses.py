@@ -86,11 +86,12 @@ def slot_losses(logits, labels, kind: str = "ce", target_ids=None, target_probs=
 
 
 def chunked_slot_losses(hidden, head: LossHead, labels, mask, chunk_size: int, kind="ce", target_ids=None,
-                        target_probs=None):
+                        target_probs=None, top_k: int = 0):
     """`slot_losses` of the rows `mask` [R] of hidden [R, H] with target-vocabulary labels [R], `chunk_size` rows at
     a time (recomputed in backward when there are several chunks), so at most [chunk_size, V'] logits exist at once.
 
-    Returns (losses [R], 0 elsewhere and where the label is outside the head; correct [R] bool)."""
+    Returns (losses [R], 0 elsewhere and where the label is outside the head; correct [R] bool), and with `top_k`
+    also each scored row's k largest logits (with their gradient) and their head rows, [R, k] (0 elsewhere)."""
     rows_label = head.index[labels.to(head.index.device)].to(labels.device)
     scored = mask & (rows_label >= 0)
     rows = scored.nonzero().squeeze(1)
@@ -103,24 +104,30 @@ def chunked_slot_losses(hidden, head: LossHead, labels, mask, chunk_size: int, k
         target = [t.to(logits.device) for t in target]
         if target:
             target[0] = head.index[target[0].clamp(min=0)].masked_fill(target[0] < 0, -1)
-        return slot_losses(logits, y, kind, *target).to(h.device), (logits.argmax(-1) == y).to(h.device)
+        out = slot_losses(logits, y, kind, *target).to(h.device), (logits.argmax(-1) == y).to(h.device)
+        return (*out, *logits.topk(top_k, dim=-1)) if top_k else out
 
-    parts, hits = [], []
+    parts = []
     for start in range(0, rows.numel(), chunk_size):
         idx = rows[start : start + chunk_size]
         args = [hidden[idx], rows_label[idx]]
         if kind == "lk":
             args += [target_ids[idx], target_probs[idx]]
         if hidden.requires_grad and rows.numel() > chunk_size:  # one chunk: keeping its logits costs no more
-            part, hit = checkpoint(chunk, *args, use_reentrant=False)
+            parts.append(checkpoint(chunk, *args, use_reentrant=False))
         else:
-            part, hit = chunk(*args)
-        parts.append(part)
-        hits.append(hit)
+            parts.append(chunk(*args))
     if parts:
-        losses = losses.index_put((rows,), torch.cat(parts))
-        correct[rows] = torch.cat(hits)
-    return losses, correct
+        losses = losses.index_put((rows,), torch.cat([p[0] for p in parts]))
+        correct[rows] = torch.cat([p[1] for p in parts])
+    if not top_k:
+        return losses, correct
+    values = hidden.new_zeros(*mask.shape, top_k, dtype=torch.float32)
+    ids = torch.zeros(*mask.shape, top_k, dtype=torch.long, device=hidden.device)
+    if parts:
+        values = values.index_put((rows,), torch.cat([p[2] for p in parts]).to(hidden.device))
+        ids[rows] = torch.cat([p[3] for p in parts]).to(hidden.device)
+    return losses, correct, values, ids
 
 
 def chunked_loss(hidden, head, labels, mask, weights, chunk_size: int):
@@ -153,8 +160,10 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config, s
         window = drafter.config.sliding_window if layer_type == "sliding_attention" else None
         args = [batch[k].to(device) for k in ("anchors", "anchor_valid", "valid")]
         masks[layer_type] = build(*args, B, window)
+    selector = getattr(drafter, "candidate_selector", None)  # a DFlash2 drafter
     hidden = (forward or drafter)(
-        noise_embeds=noise, context_hidden_states=features, position_ids=positions, attention_mask=masks
+        noise_embeds=noise, context_hidden_states=features, position_ids=positions, attention_mask=masks,
+        **({"block_len": B} if selector is not None else {}),  # its convolutions stay inside each block
     ).last_hidden_state  # [b, N*B, H]
     labels = batch["labels"].to(device)  # [b, N, B]
     label_mask = batch["label_mask"].to(device)
@@ -170,11 +179,12 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config, s
         where = (batch["block_pos"].to(device) - 1).clamp(0, T - 1)  # [b, N*B]; past the end: masked labels
         ids, probs = (t.to(device).gather(1, where[..., None].expand(-1, -1, t.shape[-1])) for t in target_topk)
         extra = {"target_ids": ids.reshape(-1, ids.shape[-1]), "target_probs": probs.reshape(-1, probs.shape[-1])}
-    losses, correct = chunked_slot_losses(
-        hidden.reshape(-1, hidden.shape[-1]), head or LossHead(target.get_output_embeddings()), labels.reshape(-1),
-        label_mask.reshape(-1), config.lm_head_chunk_size, kind, **extra,
+    head = head or LossHead(target.get_output_embeddings())
+    outputs = chunked_slot_losses(
+        hidden.reshape(-1, hidden.shape[-1]), head, labels.reshape(-1), label_mask.reshape(-1),
+        config.lm_head_chunk_size, kind, **extra, top_k=selector.top_k if selector is not None else 0,
     )
-    losses = losses.view(b, N, B)
+    losses, correct = outputs[0].view(b, N, B), outputs[1]
     if kind == "dpace":
         slot = torch.zeros_like(losses)
         slot[:, :, 1:] = dpace_weights(losses[:, :, 1:], label_mask[:, :, 1:], getattr(config, "dpace_alpha", 0.5))
@@ -196,4 +206,42 @@ def drafter_loss(drafter, target, batch: dict, features: torch.Tensor, config, s
         "accepted": accepted.float().sum(),
         "blocks": torch.tensor(float(accepted.numel()), device=device),
     }
-    return (losses * weights).sum(), metrics
+    total = (losses * weights).sum()
+    if selector is not None:
+        anchors = batch["block_ids"].to(device).view(b, N, B)[:, :, :1]
+        parents = torch.cat([anchors, labels[:, :, :-1]], dim=-1)  # the true token before each slot (teacher forcing)
+        selector_sum, selector_weight, metrics["selector_correct"], metrics["selector_count"] = selector_loss(
+            selector, hidden.view(b, N, B, -1), outputs[2].view(b, N, B, -1), outputs[3].view(b, N, B, -1), head,
+            labels, parents, weights,
+        )
+        # a weighted mean over the slots whose label is a candidate, scaled to the unary loss's normalisation
+        scale = (metrics["weight"] / selector_weight.clamp(min=1e-9)).detach()
+        total = total + getattr(config, "selector_loss_alpha", 0.1) * selector_sum * scale
+    return total, metrics
+
+
+def selector_loss(selector, hidden, unary, rows, head: LossHead, labels, parents, weights) -> tuple:
+    """The DFlash2 selector's loss (the published recipe's strict top-k objective): at each slot, the cross-entropy
+    of the label among the drafter's top-k candidates, scored under the true token before it; slots whose label is
+    not a candidate teach the selector nothing. hidden [b, N, B, H], unary logits and head rows [b, N, B, k], labels
+    and parents [b, N, B] (target ids), weights [b, N, B] (the unary loss's). Returns (weighted sum, its weight, slots
+    the selector ranks right, slots it is trained on)."""
+    candidates = head_token_ids(head, rows)  # [b, N, B, k] target ids
+    hit = (candidates == labels[..., None]).reshape(-1, rows.shape[-1])  # [b*N*B, k]
+    inside = hit.any(-1) & (weights > 0).reshape(-1)
+    flat = lambda t: t.reshape(1, -1, *t.shape[3:])  # noqa: E731 [1, b*N*B, ...]: the selector's [rows, D, ...]
+    scores = selector.scores(flat(hidden), flat(candidates), flat(unary), flat(parents[..., None]))[0, :, 0]
+    target = hit.long().argmax(-1)
+    ce = F.cross_entropy(scores, target, reduction="none")
+    w = weights.reshape(-1) * inside
+    correct = ((scores.argmax(-1) == target) & inside).sum().float()
+    return (ce * w).sum(), w.sum(), correct, inside.sum().float()
+
+
+def head_token_ids(head: LossHead, rows: torch.Tensor) -> torch.Tensor:
+    """Target token ids of head rows (the draft vocabulary's, or all)."""
+    if head.weight.shape[0] == head.index.shape[0]:
+        return rows
+    token_ids = torch.empty(head.weight.shape[0], dtype=torch.long, device=head.index.device)
+    token_ids[head.index[head.index >= 0]] = (head.index >= 0).nonzero().squeeze(1)
+    return token_ids[rows.to(token_ids.device)].to(rows.device)
