@@ -1,5 +1,6 @@
 """Write docs/results.md from the benchmark snapshots under docs/results/: the shipped drafter's tables, one dated
-snapshot per machine kind, and the index of the experiments that left the repository.
+snapshot per machine kind, the drafter comparisons under docs/results/comparisons/ (`examples/compare_drafters.py`),
+and the index of the experiments that left the repository.
 
     python examples/results_md.py            # rewrites docs/results.md, prints its path and the snapshots used
     python examples/results_md.py --check    # exit 1 if docs/results.md is not what the snapshots give
@@ -97,6 +98,40 @@ def load_snapshots() -> list[dict]:
     return snapshots
 
 
+def load_comparisons() -> list[dict]:
+    """Acceptance comparisons of drafters (`examples/compare_drafters.py`): docs/results/comparisons/<name>/."""
+    comparisons = []
+    for path in sorted((SNAPSHOTS / "comparisons").glob("*/acceptance.json")):
+        command = path.parent / "command.txt"
+        comparisons.append({"folder": path.parent, "results": json.loads(path.read_text(encoding="utf-8")),
+                            "command": command.read_text(encoding="utf-8").strip() if command.is_file() else None})
+    return comparisons
+
+
+def comparison_section(comparison: dict) -> list[str]:
+    results, folder = comparison["results"], comparison["folder"]
+    m, s = results["machine"], results["settings"]
+    sets = s["sets"]
+    lines = [
+        f"### {folder.name}",
+        "",
+        f"Machine: {m.get('cuda') or m.get('cpu') or m['processor']}, {m['torch_threads']} torch thread(s); torch "
+        f"{m['torch']}, transformers {m['transformers']}; measured {m['date']}. Target {s['target']} in {s['dtype']}, "
+        f"{s['num_prompts']} prompts per set, {s['max_new_tokens']} new tokens, sampling at temperature "
+        f"{s['temperature']}. tau: tokens committed per target forward (acceptance only, nothing timed).",
+        "",
+        "Command:", "", "```bash", comparison["command"] or "not recorded", "```", "",
+        "| drafter | mode | " + " | ".join(sets) + " | mean |",
+        "|---|---|" + "---|" * (len(sets) + 1),
+    ]
+    for drafter, modes in results["tau"].items():
+        for mode, taus in modes.items():
+            values = [taus[name] for name in sets]
+            lines.append(f"| {drafter} | {mode} | " + " | ".join(f"{v:.2f}" for v in values)
+                         + f" | {sum(values) / len(values):.2f} |")
+    return lines + [""]
+
+
 def link(path: Path) -> str:
     return path.relative_to(DOCS).as_posix()
 
@@ -135,7 +170,7 @@ def snapshot_section(snapshot: dict) -> list[str]:
     return lines
 
 
-def render(snapshots: list[dict]) -> str:
+def render(snapshots: list[dict], comparisons: list[dict]) -> str:
     lines = [
         "# Results",
         "",
@@ -165,6 +200,19 @@ def render(snapshots: list[dict]) -> str:
         for snapshot in group:
             if snapshot["date"] == newest:
                 lines += snapshot_section(snapshot)
+    if comparisons:
+        lines += [
+            "## Drafters compared",
+            "",
+            "Drafters trained alike, side by side on the same prompts (`examples/compare_drafters.py`). Greedy: "
+            "`chain` (as `generate` drafts it), `chain_unconditional` (each position's own argmax: no DFlash2 "
+            "selector, no bigram prior), `tree16` (a tree of 16 drafts). Sampling: `sampling` (a chain drawn from the "
+            "drafter, as `generate` does), `sampling_point_mass` (the greedy chain), `sampling_tree16`. Why the "
+            "shipped drafter is the one it is: [design.md](design.md#dflash2-the-selector-as-a-conditional-proposal).",
+            "",
+        ]
+        for comparison in comparisons:
+            lines += comparison_section(comparison)
     lines += [
         "## Experiments that left the repository",
         "",
@@ -185,7 +233,7 @@ def main() -> int:
     snapshots = load_snapshots()
     if not snapshots:
         sys.exit(f"no snapshots: {SNAPSHOTS}/*/bench_results.json")
-    text = render(snapshots)
+    text = render(snapshots, load_comparisons())
     if args.check:
         current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.is_file() else ""
         print(f"{OUTPUT.relative_to(ROOT)} is {'up to date' if current == text else 'stale: rerun without --check'}")

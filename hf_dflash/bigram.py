@@ -12,7 +12,8 @@ bigram over the unigram, (mix * P(x | a) + (1 - mix) * P(x)) / P(x), to the powe
 (1 - mix) ** beta that the renormalization removes anyway; pairs seen fewer than `min_count` times get boost 1.
 The first draft keeps the drafter's own probabilities: its parent, the newest committed token, is the block's first
 token, which the drafter reads. The chain then drafts each later position's best candidate under the draft before it;
-a tree's children are ranked under their own parent (`generation.tree.build_tree` with conditional probabilities).
+a tree's children are ranked under their own parent (`generation.tree.build_tree` with conditional probabilities);
+under sampling the chain is drawn from them instead (`sample_conditional_chain`), as is a DFlash2 selector's.
 Verification is unchanged, so the output is too. The defaults (beta 0.5, mix 0.9, min_count 2) were chosen on GSM8K,
 HumanEval and MT-Bench and checked on MBPP and AlpacaEval (docs/design.md).
 
@@ -102,3 +103,21 @@ def conditional_chain(ids: torch.LongTensor, probs: torch.Tensor) -> tuple[torch
         choice = probs[arange, d, choice].argmax(-1)
         drafts.append(ids[arange, d, choice])
     return torch.stack(drafts, dim=1), probs[:, 0, 0].amax(-1)
+
+
+def sample_conditional_chain(ids: torch.LongTensor, probs: torch.Tensor, temperature: float) -> tuple:
+    """A chain drawn under `conditional_probs` (or [rows, D, 1, k]: the same under every parent) at `temperature`:
+    each position's candidate sampled from its probabilities under the draft before it, sharpened as the target's
+    temperature sharpens logits (softmax(log p / T)). Returns drafts [rows, D] and the distribution each was drawn
+    from [rows, D, k] over `ids`."""
+    rows, depth, k = ids.shape
+    arange = torch.arange(rows, device=ids.device)
+    choice = torch.zeros(rows, dtype=torch.long, device=ids.device)  # position 0: every row is the drafter's own
+    drafts, proposal = [], []
+    for d in range(depth):
+        under_parent = probs[arange, d, choice if probs.shape[2] > 1 else 0].float()  # [rows, k]
+        q = torch.softmax(under_parent.clamp_min(torch.finfo(torch.float32).tiny).log() / temperature, dim=-1)
+        choice = torch.multinomial(q, 1)[:, 0]
+        drafts.append(ids[arange, d, choice])
+        proposal.append(q)
+    return torch.stack(drafts, dim=1), torch.stack(proposal, dim=1)

@@ -49,14 +49,15 @@ def packing_available() -> bool:
 
 
 class PackedLinear(nn.Linear):
-    """`nn.Linear` that, in CPU inference with bfloat16 input and weight and no gradient, multiplies with a oneDNN
+    """`nn.Linear` that, in eager CPU inference with bfloat16 input and weight and no gradient, multiplies with a oneDNN
     prepacked copy of its weight, repacked when the weight changes (another tensor, or an in-place write such as an
     optimizer step); anywhere else it is `nn.Linear`. The copy is not part of the state dict."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         if (
-            torch.is_grad_enabled()
+            torch.compiler.is_compiling()  # compiled (the fixed-shape path): inductor packs weights its own way
+            or torch.is_grad_enabled()
             or weight.device.type != "cpu"
             or input.device.type != "cpu"
             or weight.dtype != torch.bfloat16

@@ -14,7 +14,7 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData
 
 TRAINING_ARGS = "training_args.json"
 RESULTS = "bench_results.json"
-REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")
+REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")  # and modeling_dflash2.py for a DFlash2 drafter
 
 
 def _draft_tree(size) -> str:
@@ -30,12 +30,13 @@ def render_model_card(config: dict, repo_id: str | None = None, training: dict |
     """The card of a drafter from its config.json (as a dict), optional training record and benchmark results.
     Raises ValueError if the template left anything unrendered."""
     block = config.get("dflash_config") or {}
+    dflash2 = "DFlash2DraftModel" in (config.get("architectures") or [])
     base_model = (training or {}).get("target") or block.get("target_model") or "unknown target"
     on_hub = "/" in base_model and not base_model.startswith(("/", "."))
     card_data = ModelCardData(
         library_name="transformers",
         base_model=base_model if on_hub else None,
-        tags=["dflash", "speculative-decoding", "hf-dflash", "draft-model"],
+        tags=["dflash", *(["dflash2"] if dflash2 else []), "speculative-decoding", "hf-dflash", "draft-model"],
         pipeline_tag="text-generation",
         license=license,
     )
@@ -59,7 +60,11 @@ def render_model_card(config: dict, repo_id: str | None = None, training: dict |
         bigram_prior=(f"{block['bigram_prior']['entries']:,} token pairs of the training responses (hf-dflash "
                       "extension: drafts conditioned on their parent token; other readers ignore it)")
         if block.get("bigram_prior") else "none",
-        training_text=_table(training) if training else "Not recorded.",
+        dflash2=dflash2,
+        selector_rank=block.get("selector_rank"),
+        selector_top_k=block.get("selector_top_k"),
+        selection=(training or {}).get("selection"),  # why this drafter ships, where a comparison chose it
+        training_text=_table({k: v for k, v in training.items() if k != "selection"}) if training else "Not recorded.",
         results_text=_results(results) if results else "Not measured yet.",
     )
     if "{{" in card.content or "{%" in card.content:
@@ -120,7 +125,10 @@ def push_drafter(folder, repo_id: str, *, private: bool = False, token: str | No
     """Upload a saved drafter folder to `repo_id` (checkpoints/ and logs stay local). The card is rendered for
     `repo_id` first. Returns the uploaded files and sizes; with `dry_run` nothing is uploaded."""
     folder = Path(folder)
-    missing = [name for name in ("config.json", "model.safetensors", *REMOTE_CODE) if not (folder / name).is_file()]
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    remote_code = (*REMOTE_CODE, "modeling_dflash2.py") if "DFlash2DraftModel" in config.get("architectures", []) \
+        else REMOTE_CODE
+    missing = [name for name in ("config.json", "model.safetensors", *remote_code) if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} is not a saved drafter: missing {missing}. Save it with save_pretrained.")
     if not dry_run:

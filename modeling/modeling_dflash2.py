@@ -125,6 +125,7 @@ class DFlash2DraftModel(DFlashDraftModel):
             identity = torch.zeros_like(module.base_kernel)
             identity[:, 0] = 1.0
             init.copy_(module.base_kernel, identity)
+            init.zeros_(module.kernel_projection.weight)  # no dynamic taps yet (they learn: their gradient is not 0)
 
     def candidates(self, hidden_states, output_head, newest, head=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each draft position's `selector_top_k` most likely tokens, ids [rows, D, K] (most likely first, as target

@@ -122,6 +122,8 @@ def oracle(monkeypatch):
     def install(correct_upto=None, seed: int = 0) -> Oracle:
         instance = Oracle(correct_upto, seed)
         monkeypatch.setattr(DFlashProposer, "draft_chain", lambda self, decoder, n: instance(self, decoder, n))
+        # under sampling too: point-mass drafts, not drafts drawn from the drafter
+        monkeypatch.setattr(DFlashProposer, "sample_chain", lambda self, decoder, n: (*instance(self, decoder, n), None))
         return instance
 
     return install

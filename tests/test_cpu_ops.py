@@ -52,6 +52,20 @@ def test_packed_linear_is_bitwise_linear(shape, bias):
 
 
 @needs_packing
+def test_packed_linear_compiles_with_inductor():
+    """Compiled (the fixed-shape path on a CPU with bfloat16), a packed linear is a plain one that inductor packs its
+    own way: inductor could not lower the op on an eagerly packed weight, and the staleness check broke the graph."""
+    torch.manual_seed(0)
+    linear = pack_linears(nn.Linear(576, 1728, bias=False).bfloat16())
+    x = torch.randn(1, 8, 576).bfloat16()
+    with torch.no_grad():
+        expected = F.linear(x, linear.weight)
+        linear(x)  # eager: packed first
+        out = torch.compile(linear, backend="inductor", fullgraph=True)(x)
+    torch.testing.assert_close(out, expected)
+
+
+@needs_packing
 def test_packed_linear_follows_the_weight():
     torch.manual_seed(0)
     linear = pack_linears(nn.Linear(64, 32, bias=False).bfloat16())

@@ -11,6 +11,7 @@ from transformers import AutoModel
 import hf_dflash
 from hf_dflash import DFlash2Config, DFlash2DraftModel, DFlashDraftModel
 from hf_dflash.bigram import conditional_chain
+from hf_dflash.generation import DFlashProposer
 from conftest import ARCHITECTURES, MASK, left_padded, make_target
 
 # The published drafters' layout: sliding-window layers that see the whole block (`is_causal: false`). A window
@@ -100,10 +101,20 @@ def test_a_dflash2_config_is_refused_by_the_dflash_class(tmp_path):
 
 
 def test_a_new_dflash2_drafter_starts_as_dflash():
-    """Identity base taps: before training the convolutions pass their input through (plus small dynamic taps)."""
-    drafter = DFlash2DraftModel(DFlash2Config(**CONFIG, dflash_config=BLOCK))
-    kernel = drafter.layers[0].attention_conv.base_kernel
-    assert torch.equal(kernel[:, 0], torch.ones_like(kernel[:, 0])) and not kernel[:, 1:].any()
+    """Identity base taps and no dynamic taps: a DFlash2 drafter given a DFlash drafter's weights (`--init-from`)
+    computes the same hidden states until it trains."""
+    target = make_target("qwen3")
+    dflash = _random_weights(DFlashDraftModel.from_target(target, num_hidden_layers=2, block_size=4,
+                                                          mask_token_id=MASK).to(torch.float64))
+    dflash2 = DFlash2DraftModel.from_target(target, num_hidden_layers=2, block_size=4, mask_token_id=MASK,
+                                            dflash_config={"conv_group_size": 8, "selector_rank": 8})
+    assert dflash2.load_state_dict(dflash.state_dict(), strict=False).unexpected_keys == []
+    g = torch.Generator().manual_seed(0)
+    inputs = dict(noise_embeds=torch.randn(2, 4, 32, generator=g, dtype=torch.float64),
+                  context_hidden_states=torch.randn(2, 5, 64, generator=g, dtype=torch.float64),
+                  position_ids=torch.arange(9)[None].expand(2, -1))
+    with torch.no_grad():
+        torch.testing.assert_close(dflash2(**inputs).last_hidden_state, dflash(**inputs).last_hidden_state)
 
 
 def make_dflash2(target, block_size=4, seed=1, **kwargs):
@@ -162,10 +173,22 @@ def test_fixed_shape_path_serves_dflash2():
     assert torch.equal(out, plain)
 
 
-def test_sampling_is_exact_with_dflash2():
-    """The selector's drafts are a point-mass proposal like any greedy draft: a G-test against the enumerated
-    distribution (the harness of test_sampling), on a DFlash2 drafter whose chain the selector reorders."""
+def test_sampling_is_exact_with_dflash2(monkeypatch):
+    """Under sampling the chain is drawn from the selector's distribution, each draft under the one before it, and
+    the rejection step reads that distribution: a G-test against the enumerated distribution (the harness of
+    test_sampling)."""
     from test_sampling import VOCAB, assert_samples_the_target_distribution, sampling_target
+
+    proposals = []
+    real_sample_chain = DFlashProposer.sample_chain
+
+    def sample_chain(self, decoder, verify_len):
+        drafts, confidence, (ids, q) = real_sample_chain(self, decoder, verify_len)
+        assert ids.shape[-1] == self.drafter.config.dflash_config["selector_top_k"]
+        proposals.append(q)
+        return drafts, confidence, (ids, q)
+
+    monkeypatch.setattr(DFlashProposer, "sample_chain", sample_chain)
 
     target = sampling_target()
     torch.manual_seed(1)
@@ -174,6 +197,7 @@ def test_sampling_is_exact_with_dflash2():
         dflash_config={"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4},
     )
     assert_samples_the_target_distribution(target, _random_weights(drafter, 2))
+    assert proposals and all(torch.allclose(q.sum(-1), torch.ones(())) for q in proposals)
 
 
 def test_the_convolutions_stay_inside_each_block():

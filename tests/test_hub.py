@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from conftest import left_padded, make_drafter, make_target
-from hf_dflash import DFlashDraftModel
+from hf_dflash import DFlash2DraftModel, DFlashDraftModel
 from hf_dflash.hub import push_drafter, write_model_card
 
 
@@ -52,6 +52,23 @@ def test_card_records_target_training_and_results(tmp_path):
     assert "me/my-drafter" in card and "| gsm8k | 3.10 |" in card and "| steps | `9` |" in card
     assert "| bigram prior | 2 token pairs" in card
     assert "{{" not in card
+
+
+def test_a_dflash2_card_names_its_format_and_why_it_ships(tmp_path):
+    drafter = DFlash2DraftModel.from_target(make_target("qwen3"), num_hidden_layers=1, block_size=4, mask_token_id=3,
+                                            dflash_config={"conv_group_size": 8, "selector_rank": 8})
+    drafter.save_pretrained(tmp_path)
+    assert (tmp_path / "modeling_dflash2.py").is_file()
+    why = "Chosen over a DFlash drafter trained alike: it accepted more on every set."
+    (tmp_path / "training_args.json").write_text(json.dumps({"target": "org/base-model", "selection": why}))
+    write_model_card(tmp_path, "me/my-drafter")
+    card = (tmp_path / "README.md").read_text()
+    assert "DFlash2 format" in card and "| candidate selector | rank 8, 16 candidates per position |" in card
+    assert why in card and "| selection |" not in card and "bigram prior" not in card
+    assert '"method": "dflash"' not in card  # the DFlash serving commands do not apply
+    assert "dflash2" in card_metadata(tmp_path / "README.md")["tags"]
+    assert [name for name, _ in push_drafter(tmp_path, "me/my-drafter", dry_run=True)
+            if name.endswith(".py")] == ["configuration_dflash.py", "modeling_dflash.py", "modeling_dflash2.py"]
 
 
 BLOCKED = "import sys; sys.modules['hf_dflash'] = None  # hf-dflash cannot be imported: plain transformers only\n"

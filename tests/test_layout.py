@@ -130,3 +130,13 @@ def test_old_import_paths_still_work():
     for alias in ALIASES:
         module = importlib.import_module(alias)
         assert set(module.__all__) <= set(dir(module))
+
+
+def test_results_md_is_what_its_snapshots_give():
+    """docs/results.md is generated from docs/results/ (examples/results_md.py): never edited by hand, never stale."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "results_md.py"), "--check"], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr

@@ -19,7 +19,9 @@ from transformers import (
 
 from conftest import _REAL_CHAIN, make_target
 from hf_dflash import DFlashDraftModel
+from hf_dflash.bigram import sample_conditional_chain
 from hf_dflash.generation import Decoder, DFlashProposer
+from hf_dflash.generation.decoder import rejection_sample
 
 VOCAB = 8
 PROMPT = torch.tensor([[2, 5, 3]])
@@ -60,6 +62,8 @@ def greedy_oracle(monkeypatch):
         return drafts, confidence
 
     monkeypatch.setattr(DFlashProposer, "draft_chain", propose)
+    # under sampling too: point-mass drafts, not drafts drawn from the drafter
+    monkeypatch.setattr(DFlashProposer, "sample_chain", lambda *args: (*propose(*args), None))
 
 
 def processors(temperature, top_k=None, top_p=None, min_p=None, repetition_penalty=None) -> LogitsProcessorList:
@@ -205,3 +209,90 @@ def test_biased_acceptance_is_detected(target, drafter, greedy_oracle, monkeypat
     counts, _ = draw(target, drafter, settings)
     g, threshold = g_test(counts, exact_distribution(target, settings))
     assert g > threshold
+
+
+def test_rejection_step_returns_the_target_distribution():
+    """`rejection_sample` against exact arithmetic: for a fixed p and a proposal q over some candidates, the tokens
+    it returns follow p, and a draft is kept with probability sum(min(p, q)); the classic bug (sampling p again
+    instead of the residual) is caught by the same test."""
+    torch.manual_seed(0)
+    n, vocab = 200_000, 8
+    p = F.softmax(torch.randn(vocab) * 1.5, dim=-1)
+    ids = torch.tensor([3, 0, 6, 1])
+    q = F.softmax(torch.randn(len(ids)) * 2, dim=-1)
+    drafts = ids[torch.multinomial(q, n, replacement=True)]
+    args = (p.log().expand(n, -1), drafts, ids.expand(n, -1), q.expand(n, -1))
+
+    def distance(tokens):  # G statistic of the returned tokens against p, and its rejection threshold
+        counts = Counter({(t,): c for t, c in Counter(tokens.tolist()).items()})
+        return g_test(counts, {(t,): p[t].item() for t in range(vocab)})
+
+    tokens = rejection_sample(*args)
+    g, threshold = distance(tokens)
+    assert g < threshold
+    q_full = torch.zeros(vocab).index_add_(0, ids, q)
+    kept = (tokens == drafts).float().mean().item()
+    assert abs(kept - torch.minimum(p, q_full).sum().item()) < 0.01
+    assert torch.equal(rejection_sample(q_full.log().expand(n, -1), *args[1:]), drafts)  # q == p: all kept
+
+    def biased(scores, drafts, ids, q):  # keep with min(1, p / q), else a fresh sample of p
+        probs = F.softmax(scores, dim=-1)
+        keep = torch.rand(len(drafts)) * (q * (ids == drafts[:, None])).sum(-1) < probs.gather(1, drafts[:, None])[:, 0]
+        return torch.where(keep, drafts, torch.multinomial(probs, 1)[:, 0])
+
+    g, threshold = distance(biased(*args))
+    assert g > threshold
+
+
+def test_drafts_from_the_target_distribution_are_all_accepted(target, drafter, monkeypatch):
+    """Under sampling a chain's drafts are drawn, and the rejection step reads their distribution: drafts drawn from
+    the target's own (processed) distribution are kept every time, and the samples still follow it."""
+    settings = SETTINGS["top_k_top_p"]
+    warp = processors(**settings)
+    seen = []
+
+    def sample_chain(proposer, decoder, verify_len):
+        assert proposer.temperature == settings["temperature"]
+        lengths = decoder.lengths[decoder.rows]
+        drafts = torch.empty(len(lengths), verify_len - 1, dtype=torch.long)
+        q = torch.empty(len(lengths), verify_len - 1, VOCAB)
+        for length in lengths.unique().tolist():
+            group = (lengths == length).nonzero().squeeze(1)
+            ids = decoder.sequences[decoder.rows[group], :length]
+            for d in range(verify_len - 1):
+                probs = F.softmax(warp(ids, decoder.target(ids).logits[:, -1].float()), dim=-1)
+                q[group, d] = probs
+                drafts[group, d] = torch.multinomial(probs, 1)[:, 0]
+                ids = torch.cat([ids, drafts[group, d, None]], dim=1)
+        seen.append(drafts)
+        return drafts, None, (torch.arange(VOCAB).expand(len(lengths), verify_len - 1, -1), q)
+
+    monkeypatch.setattr(DFlashProposer, "sample_chain", sample_chain)
+    counts, acceptance = draw(target, drafter, settings)
+    assert seen, "sampling draws the chain's drafts"
+    assert all(row == [3] for row in acceptance)  # one step: its 2 drafts kept, and the target's token
+    g, threshold = g_test(counts, exact_distribution(target, settings))
+    assert g < threshold
+
+
+def test_sampled_chain_draws_each_draft_under_its_parent():
+    """`sample_conditional_chain`: position 0 from its own row, each later position from the row of the candidate
+    drawn before it, sharpened by the temperature; the proposal returned is the distribution actually drawn from."""
+    torch.manual_seed(0)
+    n, temperature = 100_000, 0.5
+    ids = torch.tensor([[10, 11], [20, 21]]).expand(n, -1, -1)  # [rows, D=2, k=2]
+    probs = torch.tensor([[[0.6, 0.4], [0.6, 0.4]],  # position 0: the same under every parent
+                          [[0.9, 0.1], [0.2, 0.8]]])  # position 1 under candidate 0 / 1 of position 0
+    drafts, q = sample_conditional_chain(ids, probs.expand(n, -1, -1, -1), temperature)
+
+    def sharpened(p):
+        return F.softmax(torch.tensor(p).log() / temperature, dim=-1)
+
+    first = drafts[:, 0] == 10
+    torch.testing.assert_close(q[first, 1], sharpened([0.9, 0.1]).expand(int(first.sum()), -1))
+    torch.testing.assert_close(q[~first, 1], sharpened([0.2, 0.8]).expand(int((~first).sum()), -1))
+    for rows, expected in ((slice(None), sharpened([0.6, 0.4])[0]), (first, sharpened([0.9, 0.1])[0]),
+                           (~first, sharpened([0.2, 0.8])[0])):
+        column = 0 if isinstance(rows, slice) else 1
+        frequency = (drafts[rows, column] == ids[0, column, 0]).float().mean().item()
+        assert abs(frequency - expected.item()) < 0.01

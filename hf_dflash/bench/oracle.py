@@ -165,6 +165,7 @@ class OracleProposer(DFlashProposer):
         super().__init__(*args, **kwargs)
         self.oracle = oracle
         self.prior, self.selector = None, False
+        self.temperature = None  # its drafts are point masses (the greedy continuation), never sampled
         oracle.full_step = None if self.auto is not None else self.tree_size + 1 if self.tree_size else self.block_size
 
     def draft_chain(self, decoder, verify_len):

@@ -50,6 +50,35 @@ def _new_tokens(sequences: torch.Tensor, prompt_len: int, stop_ids: list[int], m
     return rows
 
 
+def static_cache_length(prompt_len: int, max_new_tokens: int) -> int:
+    """The "static" baseline's cache length: what the call needs, rounded up to `STATIC_CACHE_STEP` (a compiled
+    forward is reused across prompts of similar lengths instead of recompiling for each)."""
+    return -(-(prompt_len + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
+
+
+def plain_static_timer(target, max_new_tokens: int):
+    """A timer of plain greedy `generate` at its best (`hf-dflash demo --compile`): a static cache of
+    `static_cache_length`, compiled on any device; a new cache length compiles once, untimed. Returns
+    f(inputs, plain) -> (seconds, whether the tokens equal `plain`'s)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig()
+    config._compile_all_devices = True  # transformers' own switch for compiling on any device
+    compiled = set()
+
+    def run(inputs, plain):
+        length = static_cache_length(inputs["input_ids"].shape[1], max_new_tokens)
+        call = functools.partial(target.generate, **inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                 compile_config=config)
+        if length not in compiled:
+            compiled.add(length)
+            call(cache=StaticCache(config=target.config, max_cache_len=length))
+        out, seconds = timed(lambda: call(cache=StaticCache(config=target.config, max_cache_len=length)))
+        return seconds, torch.equal(out, plain)
+
+    return run
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first position where two token lists differ (None: equal)."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -232,7 +261,7 @@ def benchmark(
                     records[tree] = measure_dflash(inputs, plain, plain_rows, shared, tree)
                 for name in active:
                     if name == "static":
-                        length = -(-(prompt_len + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
+                        length = static_cache_length(prompt_len, max_new_tokens)
                         static = functools.partial(target.generate, **inputs, **kwargs, compile_config=compile_config)
                         fresh = lambda: StaticCache(config=target.config, max_cache_len=length)  # noqa: E731
                         untimed_first(("static", len(batch), length), lambda: static(cache=fresh()))

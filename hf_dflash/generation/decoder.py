@@ -208,7 +208,11 @@ class Decoder:
             processed = self.process(step, tokens[live, :j], live)
             scores = scores.to(processed.dtype)  # float32, unless a processor computes in another dtype
             scores[live, j] = processed
-            tokens[live, j] = self.choose(scores[live, j])
+            if tree.proposal is not None and j < tree.num_drafts:  # a sampled draft sits at this position
+                ids, q = (t[live, j] for t in tree.proposal)
+                tokens[live, j] = rejection_sample(scores[live, j], tree.tokens[live, j + 1], ids, q)
+            else:
+                tokens[live, j] = self.choose(scores[live, j])
             kept[live] += 1
             if j + 1 < length:
                 # [live, T]: the current node's child holding the chosen token (siblings hold distinct tokens)
@@ -401,6 +405,21 @@ class Decoder:
         vocab = next(len(t) for r in per_row for t in r)
         filler = torch.full((vocab,), float("-inf"), device=self.sequences.device)
         return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
+
+
+def rejection_sample(scores: torch.Tensor, drafts: torch.LongTensor, ids: torch.LongTensor, q: torch.Tensor):
+    """Speculative sampling's step (Leviathan et al., 2023) for one position of n rows: `drafts` [n] were drawn from
+    `q` [n, k] over the candidates `ids` [n, k]; each is kept with probability min(1, p / q) under the target's
+    distribution p = softmax(`scores` [n, vocab]), else replaced by a token of the residual max(p - q, 0), normalised.
+    The token returned is distributed as p whatever q is; a rejected draft has residual 0, so it is never returned."""
+    p = F.softmax(scores, dim=-1)
+    p_draft = p.gather(1, drafts[:, None])[:, 0]
+    q_draft = (q * (ids == drafts[:, None])).sum(-1).to(p.dtype)
+    keep = torch.rand_like(q_draft) * q_draft < p_draft
+    residual = p.scatter_add(1, ids, -q.to(p.dtype)).clamp_min_(0)
+    total = residual.sum(-1, keepdim=True)
+    residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p)  # 0: p == q
+    return torch.where(keep, drafts, torch.multinomial(residual, 1)[:, 0])
 
 
 def _simple_stops(criteria, device) -> tuple:

@@ -139,7 +139,11 @@ def dflash_decode(
     with without_cudnn_attention(input_ids.device):
         # built outside inference mode: their tensors stay ordinary ones (`sequences` is returned, the drafter's
         # gathered head is cached across calls by version counters, which inference tensors lack)
-        proposer = (proposer_class or DFlashProposer)(target, drafter, batch_size=batch, **settings)
+        # sampling: a chain's drafts are drawn at the target's temperature, and the target's rejection step reads
+        # their distribution (the fixed-shape path keeps greedy drafts: point masses, exact too)
+        temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else None
+        proposer = (proposer_class or DFlashProposer)(target, drafter, batch_size=batch, temperature=temperature,
+                                                      **settings)
         decoder = (decoder_class or Decoder)(
             target, generation_config, logits_processor, stopping_criteria, streamer, input_ids,
             trees=bool(proposer.tree_size), costs=proposer.auto.costs if proposer.auto is not None else None,

@@ -9,7 +9,7 @@ The loop talks to a proposer through five methods, like transformers' candidate 
 `propose(decoder, verify_len)` reads the committed tokens (never changing them) and returns a `DraftTree`;
 `features(hidden_states)` picks what it reads of a target forward, and `extend_context(...)` hands it those features
 of the newly committed tokens; `accepted(...)` says what the target accepted; `select_rows(live)` drops finished
-rows. `draft_chain` and `draft_candidates` are the building
+rows. `draft_chain` (greedy), `sample_chain` (drawn, under sampling) and `draft_candidates` are the building
 blocks another proposer (the oracle benchmark, `hf_dflash.bench.oracle`) reuses.
 """
 
@@ -17,7 +17,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
-from ..bigram import conditional_chain, conditional_probs
+from ..bigram import conditional_chain, conditional_probs, sample_conditional_chain
 from ..cpu_ops import pack_linears
 from ..modeling import DFlash2DraftModel, DFlashDraftModel
 from ..modeling.modeling_dflash import _stored_weight, block_visibility
@@ -29,6 +29,9 @@ logger = logging.get_logger(__name__)
 
 # Candidates per position the bigram prior reranks in a chain: where its gain was measured (docs/design.md).
 PRIOR_CANDIDATES = 8
+# Candidates a sampled draft is drawn from: the drafter's distribution cut to its most likely tokens (the target's
+# rejection step stays exact for any proposal; the cut only costs acceptance where the mass beyond it is large).
+SAMPLED_CANDIDATES = 16
 
 
 def check_compatible(target, drafter: DFlashDraftModel) -> None:
@@ -78,11 +81,14 @@ class DFlashProposer:
     `num_assistant_tokens`: drafts per step (at most the drafter's block); `assistant_confidence_threshold`: a step
     verifies no drafts when every row's first draft is less likely than this (default: the drafter's); and
     `draft_tree_size`: nodes per tree (0: a chain; default: the drafter's; "auto": sized per step by `auto`, an
-    `AutoTreeSize` whose `LoopCosts` the decoder feeds with its timed verifications). See `hf_dflash.generate`."""
+    `AutoTreeSize` whose `LoopCosts` the decoder feeds with its timed verifications). See `hf_dflash.generate`.
+    `temperature`: the target samples at this temperature; a chain's drafts are then sampled from the drafter's own
+    distribution at it (`sample_chain`), and the target's rejection step reads that distribution. None: greedy."""
 
     def __init__(
         self, target, drafter: DFlashDraftModel, *, batch_size: int, num_assistant_tokens: int | None = None,
         assistant_confidence_threshold: float | None = None, draft_tree_size: int | str | None = None,
+        temperature: float | None = None,
     ):
         check_compatible(target, drafter)
         self.target, self.drafter = target, drafter
@@ -102,6 +108,9 @@ class DFlashProposer:
         if not 0 <= threshold <= 1:
             raise ValueError(f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip).")
         self.threshold = threshold
+        if temperature is not None and not temperature > 0:
+            raise ValueError(f"temperature={temperature!r}: sampling needs a temperature > 0.")
+        self.temperature = temperature
 
         device = drafter.device
         self.cache = DynamicCache()  # the drafter's: keys / values of the context, never of a block
@@ -163,12 +172,16 @@ class DFlashProposer:
             return no_drafts
         if self.tree_size:
             return self.propose_tree(decoder, verify_len) or no_drafts
-        drafts, confidence = self.draft_chain(decoder, verify_len)
+        proposal = None
+        if self.temperature is None:
+            drafts, confidence = self.draft_chain(decoder, verify_len)
+        else:
+            drafts, confidence, proposal = self.sample_chain(decoder, verify_len)
         # All or nothing: cutting the block at a later unsure draft saves little, since verifying a few tokens costs
         # about as much as a block; a one-token step costs much less where a block is expensive.
         if self.threshold and bool((confidence < self.threshold).all()):
             return no_drafts
-        return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1))
+        return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1), proposal)
 
     def accepted(self, tree: DraftTree, path: torch.LongTensor, num_accepted: torch.LongTensor) -> None:
         """After a verification of `tree`: `path` [rows, L] its accepted slots (root first), `num_accepted` [rows]
@@ -204,6 +217,20 @@ class DFlashProposer:
             return self.drafter.draft_tokens(hidden, self.head, self.draft_head), None
         drafts, confidence = self.drafter.draft_tokens(hidden, self.head, self.draft_head, return_confidence=True)
         return drafts, confidence[:, 0]
+
+    def sample_chain(self, decoder, verify_len: int) -> tuple:
+        """Drafts [rows, verify_len - 1] drawn one by one from the drafter's distribution at `temperature`, each under
+        the draft before it (a DFlash2 drafter's selector, or the bigram prior), the first draft's probability [rows],
+        and the proposal: (candidate ids, the distribution each draft was drawn from), both [rows, verify_len - 1, k].
+        Where the drafter is calibrated, a sampled draft is accepted with probability 1 - TV(target, drafter) rather
+        than the target's probability of the drafter's argmax (the gain DFlash2 reports at T > 0)."""
+        if self.conditional:
+            ids, probs = self.conditional_candidates(decoder, verify_len, SAMPLED_CANDIDATES)
+        else:
+            ids, probs = self.draft_candidates(decoder, verify_len, min(SAMPLED_CANDIDATES, self.draft_vocab_size))
+            probs = probs[:, :, None, :]  # [rows, D, 1, k]: the same under every parent
+        drafts, q = sample_conditional_chain(ids, probs, self.temperature)
+        return drafts, probs[:, 0, 0].amax(-1), (ids, q)
 
     def draft_candidates(self, decoder, verify_len: int, k: int) -> tuple:
         """The drafter's k most likely tokens for each draft position and their probabilities, most likely first:

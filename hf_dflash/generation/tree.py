@@ -31,12 +31,15 @@ class DraftTree:
     depths: torch.LongTensor  # [rows, 1 + N] 0 for the root; a node at depth d drafts block position d
     scores: torch.Tensor | None = None  # [rows, N] path probabilities (non-increasing per row); None for a chain
     is_chain: bool = False  # every node the only child of the one before: the target's causal mask does
+    # A chain (only) whose drafts were sampled (`DFlashProposer.sample_chain`): candidate ids [rows, N, k] and the
+    # distribution [rows, N, k] each draft was drawn from; the target's rejection step reads them. None: point masses.
+    proposal: tuple | None = None
 
     @classmethod
-    def chain(cls, block: torch.LongTensor) -> "DraftTree":
+    def chain(cls, block: torch.LongTensor, proposal: tuple | None = None) -> "DraftTree":
         """`block` [rows, V]: the newest token, then V - 1 drafts, each the child of the one before."""
         slots = torch.arange(block.shape[1], device=block.device).expand_as(block)
-        return cls(block, slots - 1, slots, is_chain=True)
+        return cls(block, slots - 1, slots, is_chain=True, proposal=proposal)
 
     @property
     def num_drafts(self) -> int:
