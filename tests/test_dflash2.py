@@ -12,7 +12,7 @@ import hf_dflash
 from hf_dflash import DFlash2Config, DFlash2DraftModel, DFlashDraftModel
 from hf_dflash.bigram import conditional_chain
 from hf_dflash.generation import DFlashProposer
-from conftest import ARCHITECTURES, MASK, left_padded, make_target
+from conftest import ARCHITECTURES, MASK, Recorder, left_padded, make_target, make_tokenizer
 
 # The published drafters' layout: sliding-window layers that see the whole block (`is_causal: false`). A window
 # shorter than the block checks that it is counted both ways.
@@ -137,6 +137,35 @@ def test_greedy_identity(arch, batch):
         out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
                               draft_tree_size=tree, assistant_confidence_threshold=0.0)
         assert torch.equal(out, plain), (arch, batch, tree)
+
+
+def test_generate_features_with_dflash2():
+    """What the DFlash path serves, with a DFlash2 drafter: stop strings, a streamer, scores, a custom criterion
+    (greedy: the same as plain `generate`), num_return_sequences with sampling."""
+    target = make_target("qwen3", dtype=torch.float64)
+    drafter = make_dflash2(target)
+    tokenizer = make_tokenizer()
+    ids, mask = left_padded(3)
+    unbounded = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    stop = tokenizer.decode(unbounded[0, ids.shape[1] + 5 : ids.shape[1] + 7])  # row 0 stops at its 7th token
+    eos = next(t for t in range(2, 95) if t not in set(unbounded.flatten().tolist()))  # pads the stopped rows
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=16, stop_strings=[stop], tokenizer=tokenizer,
+                  eos_token_id=eos, output_scores=True, return_dict_in_generate=True)
+    plain_stream, stream = Recorder(), Recorder()
+    plain = target.generate(ids, streamer=plain_stream, **kwargs)
+    out = target.generate(ids, streamer=stream, assistant_model=drafter, draft_tree_size=0,
+                          assistant_confidence_threshold=0.0, **kwargs)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert tokenizer.decode(out.sequences[0, ids.shape[1] :], skip_special_tokens=True).endswith(stop)
+    # while every row runs (a finished row's later scores are filler, which differs)
+    torch.testing.assert_close(torch.stack(out.scores[:7]), torch.stack(plain.scores[:7]))
+    # after the prompt: plain streams a token per row per step, DFlash each step's committed tokens [rows, n]
+    assert torch.equal(torch.cat(stream.chunks[1:], -1), torch.stack(plain_stream.chunks[1:], -1))
+    assert stream.ends == plain_stream.ends == 1
+    torch.manual_seed(0)
+    sampled = target.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=8, num_return_sequences=2,
+                              assistant_model=drafter)
+    assert sampled.shape == (6, ids.shape[1] + 8) and torch.equal(sampled[::2, : ids.shape[1]], ids)
 
 
 def test_the_chain_is_the_selectors_walk(monkeypatch):
