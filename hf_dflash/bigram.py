@@ -106,16 +106,15 @@ def conditional_chain(ids: torch.LongTensor, probs: torch.Tensor) -> tuple[torch
 
 
 def sample_conditional_chain(ids: torch.LongTensor, probs: torch.Tensor, temperature: float) -> tuple:
-    """A chain drawn under `conditional_probs` (or [rows, D, 1, k]: the same under every parent) at `temperature`:
-    each position's candidate sampled from its probabilities under the draft before it, sharpened as the target's
-    temperature sharpens logits (softmax(log p / T)). Returns drafts [rows, D] and the distribution each was drawn
-    from [rows, D, k] over `ids`."""
-    rows, depth, k = ids.shape
+    """A chain drawn under `conditional_probs` ([rows, D, k, k]) at `temperature`: each position's candidate sampled
+    from its probabilities under the draft before it, sharpened as the target's temperature sharpens logits
+    (softmax(log p / T)). Returns drafts [rows, D] and the distribution each was drawn from [rows, D, k] over `ids`."""
+    rows, depth, _ = ids.shape
     arange = torch.arange(rows, device=ids.device)
     choice = torch.zeros(rows, dtype=torch.long, device=ids.device)  # position 0: every row is the drafter's own
     drafts, proposal = [], []
     for d in range(depth):
-        under_parent = probs[arange, d, choice if probs.shape[2] > 1 else 0].float()  # [rows, k]
+        under_parent = probs[arange, d, choice].float()  # [rows, k]
         q = torch.softmax(under_parent.clamp_min(torch.finfo(torch.float32).tiny).log() / temperature, dim=-1)
         choice = torch.multinomial(q, 1)[:, 0]
         drafts.append(ids[arange, d, choice])

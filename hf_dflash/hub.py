@@ -14,7 +14,7 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData
 
 TRAINING_ARGS = "training_args.json"
 RESULTS = "bench_results.json"
-REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")  # and modeling_dflash2.py for a DFlash2 drafter
+REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")  # plus the files a folder's `auto_map` names
 
 
 def _draft_tree(size) -> str:
@@ -125,9 +125,9 @@ def push_drafter(folder, repo_id: str, *, private: bool = False, token: str | No
     """Upload a saved drafter folder to `repo_id` (checkpoints/ and logs stay local). The card is rendered for
     `repo_id` first. Returns the uploaded files and sizes; with `dry_run` nothing is uploaded."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    remote_code = (*REMOTE_CODE, "modeling_dflash2.py") if "DFlash2DraftModel" in config.get("architectures", []) \
-        else REMOTE_CODE
+    config = _read_json(folder / "config.json") or {}
+    # save_pretrained's auto_map names the model file (modeling_dflash2.py for a DFlash2 drafter)
+    remote_code = dict.fromkeys([*REMOTE_CODE, *(f"{v.split('.')[0]}.py" for v in config.get("auto_map", {}).values())])
     missing = [name for name in ("config.json", "model.safetensors", *remote_code) if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder} is not a saved drafter: missing {missing}. Save it with save_pretrained.")

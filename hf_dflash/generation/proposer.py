@@ -228,7 +228,7 @@ class DFlashProposer:
             ids, probs = self.conditional_candidates(decoder, verify_len, SAMPLED_CANDIDATES)
         else:
             ids, probs = self.draft_candidates(decoder, verify_len, min(SAMPLED_CANDIDATES, self.draft_vocab_size))
-            probs = probs[:, :, None, :]  # [rows, D, 1, k]: the same under every parent
+            probs = probs[:, :, None, :].expand(-1, -1, probs.shape[-1], -1)  # the same under every parent
         drafts, q = sample_conditional_chain(ids, probs, self.temperature)
         return drafts, probs[:, 0, 0].amax(-1), (ids, q)
 
