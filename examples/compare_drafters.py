@@ -23,7 +23,7 @@ import hf_dflash  # noqa: F401  (registers the drafters with AutoModel)
 from hf_dflash.bench import load_prompt_set
 from hf_dflash.bench.run import _machine
 from hf_dflash.cli import _load_target
-from hf_dflash.generation import DFlashProposer
+from hf_dflash.generation import Decoder, DFlashProposer
 from hf_dflash.generation.loop import dflash_decode, original_generate
 from hf_dflash.packaged import SMOLLM2_ID
 from hf_dflash.prompts import chat_inputs
@@ -53,7 +53,7 @@ class UnconditionalProposer(DFlashProposer):
         self.selector, self.prior = False, None
 
 
-PROPOSERS = {None: None, "point_mass": PointMassProposer, "unconditional": UnconditionalProposer}
+PROPOSERS = {None: DFlashProposer, "point_mass": PointMassProposer, "unconditional": UnconditionalProposer}
 
 
 def acceptance(target, drafter, prompts, tokenizer, mode: str, max_new_tokens: int, temperature: float) -> float:
@@ -62,7 +62,7 @@ def acceptance(target, drafter, prompts, tokenizer, mode: str, max_new_tokens: i
         kwargs = dict(kwargs, temperature=temperature, top_k=0, top_p=1.0)
     decode = functools.partial(dflash_decode, drafter=drafter, draft_tree_size=tree_size,
                                assistant_confidence_threshold=0.0,
-                               proposer_class=PROPOSERS[proposer])
+                               sides=lambda path: (PROPOSERS[proposer], Decoder))
     committed = steps = 0
     torch.manual_seed(0)
     for prompt in prompts:

@@ -5,12 +5,15 @@
 A random-weight target of Qwen3-8B's shape and a matching random 5-layer drafter, bfloat16, block 16, batch 1 and 8,
 128-token random prompts, 128 new tokens. It measures, in one run: plain `generate` eager and with a static cache
 (compiled, as transformers compiles it on a GPU), DFlash on the general loop and on the compiled fixed-shape path,
-and the host synchronisations per step of each DFlash path (`torch.cuda.set_sync_debug_mode`). A random drafter's
-drafts are rejected, so the DFlash numbers are the loop's cost per step, not a speedup a trained drafter would give.
-Prints the tables and writes OUTPUT_DIR/{general,fixed}/bench_results.json and OUTPUT_DIR/syncs.json; under 8
-minutes on one H100 / H200.
+the oracle on the fixed-shape path at batch 1 (always-right drafts: its speedup over plain at its best against the
+ceiling timed with the same compiled forwards), and the host synchronisations per step of each DFlash path
+(`torch.cuda.set_sync_debug_mode`). A random drafter's drafts are rejected, so the DFlash numbers are the loop's cost
+per step, not a speedup a trained drafter would give; the oracle's are what a perfect drafter would give. Prints the
+tables and writes OUTPUT_DIR/{general,fixed,oracle}/bench_results.json and OUTPUT_DIR/syncs.json; under 8 minutes on
+one H100 / H200.
 
     python examples/fixed_shape_cuda.py --shape tiny --device cpu --dtype float32   # the same code path on a CPU
+    # (tests/test_layout.py runs that with --backend eager: compiling with inductor takes minutes on a CPU)
 """
 
 import argparse
@@ -30,19 +33,23 @@ parser.add_argument("--dtype", default="bfloat16")
 parser.add_argument("--num-prompts", type=int, default=4)
 parser.add_argument("--max-new-tokens", type=int, default=128)
 parser.add_argument("--output-dir", default="fixed_shape_cuda_out")
+parser.add_argument("--backend", default="inductor", help="torch.compile's backend")
 args = parser.parse_args()
 
 device, dtype = torch.device(args.device), getattr(torch, args.dtype)
 target, drafter = build_random_models(args.shape, device, dtype, block_size=16)
 prompts = {"random": random_prompts(args.num_prompts, 128, target.config.vocab_size)}
-compile_config = CompileConfig(mode="reduce-overhead" if device.type == "cuda" else "default")
+mode = ("reduce-overhead" if device.type == "cuda" else "default") if args.backend == "inductor" else None
+compile_config = CompileConfig(backend=args.backend, mode=mode)
 compile_config._compile_all_devices = True  # a CPU run compiles too, so that it checks the same path
 common = dict(block_sizes=[16], batch_sizes=[1, 8], max_new_tokens=args.max_new_tokens, draft_tree_sizes=[0],
               assistant_confidence_threshold=0.0, warmup=1, compile_config=compile_config, progress=True)
 out = Path(args.output_dir)
 for name, settings in (("general", dict(baselines=("plain", "static"))),
-                       ("fixed", dict(baselines=("plain", "static"), cache_implementation="static"))):
-    results = benchmark(target, drafter, None, prompts, **common, **settings)
+                       ("fixed", dict(baselines=("plain", "static"), cache_implementation="static")),
+                       ("oracle", dict(baselines=("plain", "static"), cache_implementation="static", oracle=True,
+                                       batch_sizes=[1]))):
+    results = benchmark(target, drafter, None, prompts, **{**common, **settings})
     write_outputs(results, out / name, make_plot=False)
     print(f"## DFlash on the {name} path\n\n{results['markdown']}")
 

@@ -251,8 +251,9 @@ def test_tree_sizes_are_runs_of_their_own(setup, tmp_path, monkeypatch):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, draft_tree_sizes=[0, 0], progress=False)
 
 
-def _oracle_checks(run):
-    """Every draft right: each step but a row's last (cut by max_length) commits the block."""
+def _oracle_checks(run, fixed_shape: bool = False):
+    """Every draft right: each step but a row's last (cut by max_length) commits the block. `fixed_shape`: the
+    fixed-shape path keeps a batch's stopped rows in every step."""
     o, s = run["oracle"], run["summary"]
     for record in run["prompts"]:
         for row in record["acceptance_lengths"]:
@@ -261,6 +262,10 @@ def _oracle_checks(run):
     prefill = {m: sum(r[m]["phases"]["target_prefill"] for r in run["prompts"]) for m in ("plain", "dflash")}
     decode = (s["plain_seconds"] - prefill["plain"]) / (s["dflash_seconds"] - prefill["dflash"])
     assert o["decode_speedup"] == pytest.approx(decode) and o["ratio"] == pytest.approx(decode / o["ceiling"])
+    static = run["baselines"].get("static", {}).get("seconds")
+    best = s["plain_seconds"] if static is None else min(s["plain_seconds"], static)
+    best_decode = (best - prefill["plain"]) / (s["dflash_seconds"] - prefill["dflash"])
+    assert o["best_plain_ratio"] == pytest.approx(best_decode / o["ceiling"])
     verified = run["block_size"] if run["tree_size"] == 0 else run["tree_size"] + 1
     # the forwards timed after each step, on its cache: t(1), t(what it verified), t(a full step)
     limit, own = [0, 0], [0, 0]
@@ -272,7 +277,7 @@ def _oracle_checks(run):
         for ds, acc in zip(record["draft_lengths"], record["acceptance_lengths"]):
             for j, (d, a) in enumerate(zip(ds, acc)):
                 v, c, rows = expected.get(j, (0, 0, 0))
-                expected[j] = max(v, d + 1), c + a, rows + 1
+                expected[j] = max(v, d + 1), c + a, len(record["prompt_ids"]) if fixed_shape else rows + 1
         assert [(s["verified"], s["committed"], s["rows"]) for s in steps] == list(expected.values())
         for step in steps:
             t = step["seconds"]
@@ -309,7 +314,7 @@ def test_oracle_drafts_are_all_right(setup, prior):
     lines = results["markdown"].splitlines()
     at = lines.index("| set | batch | block | tree | tau | wrong drafts | resyncs | t(1) ms | t(verified) ms | speedup "
                      "| decode speedup | ceiling | decode speedup / ceiling | ceiling of its steps "
-                     "| decode speedup / that | / the calls' forwards |")
+                     "| decode speedup / that | / the calls' forwards | vs plain at its best: decode speedup / ceiling |")
     assert all(line.startswith("| toy |") for line in lines[at + 2 : at + 10])
     with pytest.raises(ValueError, match="greedy"):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
@@ -424,6 +429,42 @@ def test_oracle_drafts_end_at_a_stop_token(setup, monkeypatch):
     assert results["runs"][0]["prompts"][0]["acceptance_lengths"] == [[2]]
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_oracle_on_the_fixed_shape_path(setup, arch, monkeypatch):
+    """`cache_implementation="static"` runs the oracle on the fixed-shape path, compiled: every draft stays right
+    and the output plain's (the ceiling's forwards write only slots the next verification writes over first, with
+    sliding-window layers too), and its ceiling is timed with the path's own compiled forwards, each width compiled
+    before it is timed."""
+    from transformers import CompileConfig
+
+    from hf_dflash.bench import oracle as oracle_module
+    from hf_dflash.generation import loop
+
+    _, _, tokenizer, prompts = setup
+    target = make_target(arch, dtype=torch.float32)
+    fixed = []
+    real = loop.fixed_shape_loop
+    monkeypatch.setattr(loop, "fixed_shape_loop", lambda *a: fixed.append(type(a[1]).__name__) or real(*a))
+    timed = []  # the widths of the ceiling's forwards, in the order they ran
+    forward_at = oracle_module.FixedShapeOracleDecoder.forward_at
+    monkeypatch.setattr(oracle_module.FixedShapeOracleDecoder, "forward_at",
+                        lambda self, tokens, slots: timed.append((tokens.shape[1], self.verify_call is
+                                                                  self.target.__call__)) or forward_at(self, tokens, slots))
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True
+    results = benchmark(target, make_drafter(target, block_size=4), tokenizer, {"toy": prompts}, batch_sizes=(1, 2),
+                        block_sizes=[4], draft_tree_sizes=[0], max_new_tokens=14, baselines=("plain", "static"),
+                        warmup=0, progress=False, oracle=True, cache_implementation="static",
+                        compile_config=compile_config)
+    assert set(fixed) == {"FixedShapeOracleDecoder"}
+    for run in results["runs"]:
+        assert run["summary"]["identical"] is True
+        assert run["oracle"]["wrong_steps"] == run["oracle"]["resyncs"] == 0
+        _oracle_checks(run, fixed_shape=True)
+    # every forward (the verifications' too) through the compiled call; each width's first run not timed
+    assert {width for width, _ in timed} == {1, 4} and not any(eager for _, eager in timed)
+
+
 def test_ceilings():
     from hf_dflash.bench.oracle import ceilings
 
@@ -500,3 +541,29 @@ def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
     static_calls = [c for c in calls if c is not None]
     assert static_calls and all(layer.max_cache_len % 256 == 0 for c in static_calls for layer in c.layers)
     assert "speedup vs best plain" in out["markdown"]
+
+
+def test_the_gpu_script_runs_on_a_cpu(tmp_path):
+    """examples/fixed_shape_cuda.py end to end on a tiny random shape: the same code path as on a GPU (its CUDA-only
+    synchronisation count skipped), compiled with the eager backend to stay quick; the oracle's run compares with
+    plain at its best."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "fixed_shape_cuda.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--backend", "eager",
+         "--num-prompts", "1", "--max-new-tokens", "20", "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("general", "fixed", "oracle"):
+        results = json.loads((tmp_path / name / "bench_results.json").read_text())
+        assert results["settings"]["compile_config"]["backend"] == "eager"
+        assert {run["batch_size"] for run in results["runs"]} == ({1} if name == "oracle" else {1, 8})
+        assert all("static" in run["baselines"] for run in results["runs"])
+    oracle = json.loads((tmp_path / "oracle" / "bench_results.json").read_text())["runs"][0]["oracle"]
+    assert oracle["wrong_steps"] == 0 and oracle["best_plain_ratio"] > 0
+    assert "vs plain at its best" in done.stdout

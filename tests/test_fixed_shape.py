@@ -10,6 +10,7 @@ from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make
 from hf_dflash.generation import loop
 from test_sampling import SAMPLES, draw, exact_distribution, g_test
 from test_sampling import drafter, greedy_oracle, target  # noqa: F401 (fixtures: test_sampling's 8-token target)
+from test_tree import PROBS, calibrated_oracle, draw_tree, tree_oracle  # noqa: F401 (fixtures)
 
 STATIC = dict(cache_implementation="static")
 
@@ -57,15 +58,20 @@ def test_eos_inside_a_block_and_the_max_length_cut(oracle):
     assert (plain[0] == eos).any()
 
 
-def test_one_graph_for_every_step(oracle, monkeypatch):
+@pytest.mark.parametrize("tree_size", [0, 6])
+def test_one_graph_for_every_step(tree_size, oracle, tree_oracle, request):
     """fullgraph=True, and no recompile over a 64+-step generation whose rows accept different lengths."""
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    recompiles = torch._dynamo.config.patch(error_on_recompile=True)  # monkeypatch would delete the config entry
+    recompiles.__enter__()
+    request.addfinalizer(lambda: recompiles.__exit__(None, None, None))
     target = make_target("gemma3")  # sliding-window and full-attention layers
     drafter = make_drafter(target, block_size=4)
+    drafter.config.dflash_config = {**(drafter.config.dflash_config or {}), "draft_tree_size": tree_size}
     ids, mask = left_padded(3)
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170)
     oracle(correct_upto="random", seed=5)
+    tree_oracle({0: [1, 0, 0], 1: [0, 1, 0], 2: [0, None]})
     compile_config = CompileConfig(backend="aot_eager", fullgraph=True, mode=None)
     compile_config._compile_all_devices = True  # transformers compiles on a CPU only when asked to
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170, assistant_model=drafter,
@@ -76,6 +82,7 @@ def test_one_graph_for_every_step(oracle, monkeypatch):
     ids, mask = left_padded(3, lengths=[2, 8, 5], seed=1)
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170)
     oracle(correct_upto="random", seed=6)
+    tree_oracle({0: [0, 0], 1: [None], 2: [1, 0, 0]})
     again = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170, assistant_model=drafter,
                             compile_config=compile_config, **STATIC)
     assert torch.equal(again, plain)
@@ -116,7 +123,7 @@ def test_sampling_draws_the_target_distribution(target, drafter, greedy_oracle, 
 
 
 @pytest.mark.parametrize("setting, reason", [
-    (dict(draft_tree_size=4), "draft_tree_size=4"),
+    (dict(draft_tree_size="auto"), "draft_tree_size='auto'"),
     (dict(assistant_confidence_threshold=0.5), "assistant_confidence_threshold=0.5"),
     (dict(repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
     (dict(stop_strings=["ab"]), "stop strings"),
@@ -170,3 +177,90 @@ def test_one_host_read_per_step():
     count, steps = reads["fixed"]
     assert steps >= 20 and count <= steps + 10  # one a step, plus a few for the prefill and the result
     assert reads["general"][0] > 5 * steps  # the counter sees the general loop's reads
+
+
+# --- trees -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_trees_equal_plain_generate(arch, batch, tree_oracle, monkeypatch):
+    """A tree built on the device, its accepted path moved into place in the cache: plain's tokens, with rows whose
+    paths run through runner-up nodes (mistral: window 5, gemma3: window 6, both shorter than the outputs)."""
+    runs = loops_run(monkeypatch)
+    target = make_target(arch)
+    drafter = make_drafter(target, block_size=5)
+    ids, mask = left_padded(batch)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    tree_oracle({0: [1, 0, 2, 0], 1: [0, 0, 1, None], 2: [2, 1]})
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+                          draft_tree_size=12, return_dict_in_generate=True, **STATIC)
+    assert runs == ["fixed"]
+    assert torch.equal(out.sequences, plain)
+    assert max(out.acceptance_lengths[0]) >= 3  # row 0's path runs through a runner-up: (1, 0) at least
+    assert all(n == 12 for row in out.draft_lengths for n in row)
+    for size in (2, 9, 40):  # the random drafter's own trees
+        fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, assistant_model=drafter,
+                               draft_tree_size=size, **STATIC)
+        assert torch.equal(fast, plain)
+    assert runs == ["fixed"] * 4
+
+
+def test_rows_accept_paths_of_different_lengths(tree_oracle):
+    """With 6 nodes the tree holds (0), (0,0), (0,0,0), (1), (1,0), (1,0,0): each row's path is known."""
+    assert PROBS[0][:2] == [0.5, 0.4] and PROBS[1][0] == 0.9  # the tree test_tree's probabilities make
+    target = make_target("gemma3")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(3)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=25)
+    tree_oracle({0: [1, 0, 0], 1: [0, 1, 0], 2: [None]})  # 4, 2 and 1 tokens per step
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=25, assistant_model=drafter,
+                          draft_tree_size=6, return_dict_in_generate=True, **STATIC)
+    assert torch.equal(out.sequences, plain)
+    assert out.acceptance_lengths[0][:5] == [4] * 5
+    assert out.acceptance_lengths[1][:5] == [2] * 5
+    assert out.acceptance_lengths[2][:5] == [1] * 5
+
+
+def test_eos_inside_an_accepted_path_and_the_max_length_cut(tree_oracle):
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=5)
+    ids, mask = left_padded(3)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    eos = int(reference[0, ids.shape[1] + 6])
+    for max_new_tokens in (30, 9):
+        plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                                eos_token_id=eos, pad_token_id=0)
+        tree_oracle([1, 0, 0, 0])  # every path through a runner-up
+        fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                               eos_token_id=eos, pad_token_id=0, assistant_model=drafter, draft_tree_size=8, **STATIC)
+        assert torch.equal(fast, plain)
+    assert (plain[0] == eos).any()
+
+
+def test_dflash2_trees(monkeypatch):
+    """A DFlash2 drafter's selector ranks each node's children under it: its conditional candidates build the tree."""
+    from test_dflash2 import make_dflash2
+
+    runs = loops_run(monkeypatch)
+    target = make_target("qwen3")
+    drafter = make_dflash2(target)
+    ids, mask = left_padded(2)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
+                           draft_tree_size=7, **STATIC)
+    assert runs == ["fixed"] and torch.equal(fast, plain)
+
+
+@pytest.mark.parametrize("settings", [dict(temperature=0.7, top_k=3, top_p=0.9), dict(temperature=1.3, min_p=0.05)])
+def test_trees_sample_the_target_distribution(target, drafter, calibrated_oracle, settings, monkeypatch):  # noqa: F811
+    runs = loops_run(monkeypatch)
+    dist = exact_distribution(target, settings)
+    counts, acceptance = draw_tree(target, drafter, {**settings, **STATIC}, tree_size=5)
+    assert set(runs) == {"fixed"}
+    assert set(counts) <= set(dist), "sampled a sequence the processors give probability 0"
+    g, threshold = g_test(counts, dist)
+    assert g < threshold
+    assert sum(row[0] == 3 for row in acceptance) > SAMPLES // 10  # whole paths accepted
+    g_other, threshold_other = g_test(counts, exact_distribution(target, {**settings, "temperature": 2.0}))
+    assert g_other > 2 * threshold_other  # negative control

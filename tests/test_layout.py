@@ -104,12 +104,19 @@ def test_wings_import_downwards_only():
 
 
 def test_the_oracle_drafts_through_public_methods_only():
-    from hf_dflash.bench.oracle import OracleDecoder, OracleProposer
+    from hf_dflash.bench import oracle
     from hf_dflash.generation import Decoder, DFlashProposer
+    from hf_dflash.generation.fixed_shape import FixedShapeDecoder, FixedShapeProposer
 
-    for cls, base in ((OracleProposer, DFlashProposer), (OracleDecoder, Decoder)):
+    def owner(cls, name):
+        return next(k for k in cls.__mro__ if name in vars(k))
+
+    for cls, base in ((oracle.OracleProposer, DFlashProposer), (oracle.OracleDecoder, Decoder),
+                      (oracle.FixedShapeOracleProposer, FixedShapeProposer),
+                      (oracle.FixedShapeOracleDecoder, FixedShapeDecoder)):
         assert issubclass(cls, base)
-        overridden = [n for n, v in vars(cls).items() if callable(v) and n != "__init__" and hasattr(base, n)]
+        overridden = [n for n in dir(base) if n != "__init__" and callable(getattr(base, n))
+                      and owner(cls, n) not in base.__mro__]
         assert overridden and not [n for n in overridden if n.startswith("_")], (cls.__name__, overridden)
 
 

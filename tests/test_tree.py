@@ -16,7 +16,7 @@ from conftest import (
 )
 from hf_dflash import DFlashDraftModel
 from hf_dflash.generation import Decoder, DFlashProposer
-from hf_dflash.generation.tree import DraftTree, ancestors, build_tree, greedy_paths
+from hf_dflash.generation.tree import DraftTree, ancestors, build_tree, build_tree_on_device, greedy_paths
 from test_sampling import NEW_TOKENS, PROMPT, SAMPLES, SETTINGS, exact_distribution, g_test
 
 _REAL_CANDIDATES = DFlashProposer.draft_candidates
@@ -127,6 +127,38 @@ def test_build_tree_random_properties():
     p = probs[0, :2, :3].double()
     paths = sorted([float(p[0, a]) for a in range(3)] + [float(p[0, a] * p[1, b]) for a in range(3) for b in range(3)])
     torch.testing.assert_close(tree.scores[0], torch.tensor(paths[::-1][:5], dtype=torch.float64))
+
+
+def _paths(tree: DraftTree) -> list[list[tuple]]:
+    """Each row's nodes as root-to-node token tuples, sorted: the tree as a set, whatever its slot order."""
+    rows = []
+    for tokens, parents in zip(tree.tokens.tolist(), tree.parents.tolist()):
+        def path(slot):
+            return path(parents[slot]) + (tokens[slot],) if slot >= 0 else ()
+        rows.append(sorted(path(slot) for slot in range(len(tokens))))
+    return rows
+
+
+@pytest.mark.parametrize("conditional", [False, True])
+def test_the_device_tree_is_build_tree_s(conditional):
+    """`build_tree_on_device` (tensor ops only, the fixed-shape path) holds the same nodes as the host heap's
+    best-first tree, parents before children, best first."""
+    g = torch.Generator().manual_seed(1)
+    rows, depth, k = 3, 5, 4
+    for trial in range(30):
+        ids = torch.stack([torch.randperm(60, generator=g)[: depth * k].view(depth, k) for _ in range(rows)])
+        if conditional:  # each parent's children, in the layout of `hf_dflash.bigram.conditional_probs`
+            probs = torch.rand(rows, depth, k, k, generator=g).softmax(-1)
+        else:
+            probs = torch.rand(rows, depth, k, generator=g).softmax(-1).sort(-1, descending=True).values
+        budget = 1 + trial * 3
+        host = build_tree(torch.tensor([1, 2, 3]), ids, probs, budget)
+        device = build_tree_on_device(torch.tensor([1, 2, 3]), ids, probs, budget)
+        assert _paths(device) == _paths(host)
+        torch.testing.assert_close(device.scores, host.scores)  # best first
+        assert (device.parents[:, 1:] < torch.arange(1, device.tokens.shape[1])).all()  # parents first
+        assert torch.equal(device.depths.gather(1, device.parents[:, 1:]) + 1, device.depths[:, 1:])
+        assert torch.equal(ancestors(device, max_depth=depth), ancestors(device))
 
 
 def test_ancestors_of_random_trees():

@@ -21,7 +21,9 @@ import functools
 import torch
 
 from ..generation.decoder import Decoder, as_plain_generate
+from ..generation.fixed_shape import FixedShapeDecoder, FixedShapeProposer
 from ..generation.forward_costs import now
+from ..generation.kv_cache import set_write_index
 from ..generation.loop import dflash_decode, original_generate
 from ..generation.proposer import DFlashProposer
 from ..generation.tree import DraftTree, tree_attention_mask
@@ -243,15 +245,75 @@ class OracleDecoder(Decoder):
         self.oracle.steps.append({**step, "full": full, "seconds": seconds})
 
 
+class FixedShapeOracleProposer(OracleProposer, FixedShapeProposer):
+    """`OracleProposer`'s drafts on the fixed-shape path: the real drafter runs there (compiled), then the oracle
+    places the right drafts."""
+
+
+class FixedShapeOracleDecoder(FixedShapeDecoder):
+    """`OracleDecoder` on the fixed-shape path: it counts the oracle's rejected drafts and, after each step, times
+    the ceiling's forwards as the path runs them (compiled, over its preallocated cache)."""
+
+    def __init__(self, *args, oracle: OracleDrafts, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.oracle = oracle
+        self.warm = set()  # forward widths run once: a width's first compiled call compiles, so it is not timed
+
+    def verify(self, logits, tree):
+        tokens, kept, path = super().verify(logits, tree)
+        with self.oracle.untimed(self.target.device):  # the oracle's drafts: the chain, or the tree's first path
+            placed = self.oracle.placed.to(kept.device)
+            cut = self.lengths + kept >= self.max_length
+            self.oracle.wrong_steps += int(((kept - 1 < placed) & ~cut & ~self.finished).sum())
+        return tokens, kept, path
+
+    def accept(self, logits, tree):
+        before = self.lengths
+        accepted = super().accept(logits, tree)
+        with self.oracle.untimed(self.target.device):
+            self.oracle.step = {"rows": len(before), "verified": tree.tokens.shape[1],
+                                "committed": int((self.lengths - before).sum())}
+            self.time_ceiling()
+        return accepted
+
+    def time_ceiling(self) -> None:
+        """`OracleDecoder.time_ceiling` with the path's own forward (`forward_at`): written at the slots the next
+        verification writes over first, so the cache stays as it was."""
+        step = self.oracle.step
+        full = self.oracle.full_step or step["verified"]
+        sizes = sorted({1, step["verified"], full}, reverse=len(self.oracle.steps) % 2 == 1)
+        newest = self.newest_tokens()[:, None]  # [rows, 1]: any token costs the same
+        seconds = {}
+        for k in sizes:
+            tokens = newest.repeat(1, k)  # [rows, k], laid out as a verified block (a compiled graph guards strides)
+            slots = self.write_index[:, :k]  # the loop's own index tensor: the compiled graph guards its kind
+            slots.copy_(self.slot[:, None] + self.offsets[:k])
+            set_write_index(self.cache, slots)  # `verify_forward` sets its own again
+            if k not in self.warm:
+                self.forward_at(tokens, slots)
+                self.warm.add(k)
+            began = now(self.target.device)
+            self.forward_at(tokens, slots)
+            seconds[str(k)] = now(self.target.device) - began
+        self.oracle.steps.append({**step, "full": full, "seconds": seconds})
+
+
+def oracle_sides(oracle: OracleDrafts, path: str) -> tuple:
+    """The callables building the oracle's proposer and decoder on `path` ("general" or "fixed_shape": the
+    `sides` of `dflash_decode`)."""
+    proposer, decoder = {"general": (OracleProposer, OracleDecoder),
+                         "fixed_shape": (FixedShapeOracleProposer, FixedShapeOracleDecoder)}[path]
+    return functools.partial(proposer, oracle=oracle), functools.partial(decoder, oracle=oracle)
+
+
 def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draft_tree_size=None,
                     assistant_confidence_threshold=None, **kwargs):
     """`target.generate(**inputs, assistant_model=drafter, ...)` with the oracle's drafts: the same loop
-    (`dflash_decode`), its two sides built by `OracleProposer` and `OracleDecoder`."""
+    (`dflash_decode`; the fixed-shape one with `cache_implementation="static"`), its two sides the oracle's."""
     decode = functools.partial(
         dflash_decode, drafter=drafter, draft_tree_size=draft_tree_size,
         assistant_confidence_threshold=assistant_confidence_threshold,
-        proposer_class=functools.partial(OracleProposer, oracle=oracle),
-        decoder_class=functools.partial(OracleDecoder, oracle=oracle),
+        sides=functools.partial(oracle_sides, oracle),
     )
     return original_generate(target, **inputs, custom_generate=decode, **kwargs)
 

@@ -35,6 +35,7 @@ class PhaseTimer:
             module.register_forward_hook(lambda *_, name=name: self._leave(name)),
         )]
 
+    @torch.compiler.disable  # Dynamo may trace a hook as a frame of its own (module calls are not inlined): no clock
     def _now(self) -> float:
         if self._cuda:
             torch.cuda.synchronize()

@@ -8,15 +8,18 @@ general loop. What changes:
 - the target's and the drafter's KV caches are preallocated (`kv_cache.row_cache`) with room for `max_length` plus a
   block; each row writes its block at its own slots, and a rejected slot is written over by the next step;
 - the drafter's context is the whole verified block, its rejected slots masked, instead of the accepted prefix;
+- a tree of drafts (`draft_tree_size=N`) is built on the device (`tree.build_tree_on_device`: always N nodes), and
+  the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
 - rows that stop stay in the batch, frozen (they commit nothing), instead of leaving it;
 - acceptance, the EOS and `max_length` cut, the commit into a preallocated output buffer and the acceptance record are
   computed on the device; sampling draws with Gumbel noise (exact, like `multinomial`, without a host read);
 - the drafter's forward and the target's verification are compiled where transformers would compile plain decoding
   (`compile_config`, `disable_compile`, a device it compiles on); the prefill and the first draft stay eager.
 
-What it serves: chains of drafts (no `draft_tree_size`, no `assistant_confidence_threshold`), greedy and sampling with
-processors that ignore `input_ids`, EOS and `max_length` stops, batch >= 1, full-attention and sliding-window targets
-with eager or sdpa attention. Anything else runs on the general loop, said once in the log.
+What it serves: chains and trees of a fixed size (not `draft_tree_size="auto"`, which sizes each step anew; no
+`assistant_confidence_threshold`), greedy and sampling with processors that ignore `input_ids`, EOS and `max_length`
+stops, batch >= 1, full-attention and sliding-window targets with eager or sdpa attention. Anything else runs on the
+general loop, said once in the log.
 """
 
 import torch
@@ -28,6 +31,7 @@ from ..modeling.modeling_dflash import block_visibility
 from .decoder import _POSITION_FREE, DFlashGenerateOutput
 from .kv_cache import row_cache, set_write_index
 from .proposer import DFlashProposer
+from .tree import DraftTree, ancestors, build_tree_on_device
 
 logger = logging.get_logger(__name__)
 
@@ -41,8 +45,10 @@ def unsupported_reason(target, drafter, generation_config, logits_processor, sto
     threshold = drafter.assistant_confidence_threshold if assistant_confidence_threshold is None \
         else assistant_confidence_threshold
     implementation = target.config.get_text_config()._attn_implementation
-    if tree_size:
-        return f"draft_tree_size={tree_size!r} (pass draft_tree_size=0 for chains)"
+    if tree_size == "auto":
+        return "draft_tree_size='auto', which sizes every step anew (pass a whole number of nodes, or 0 for chains)"
+    if not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0:
+        return f"draft_tree_size={tree_size!r}"  # the general loop says what is wrong with it
     if threshold:
         return f"assistant_confidence_threshold={threshold!r} (pass 0)"
     if implementation not in ("eager", "sdpa"):
@@ -84,14 +90,17 @@ class FixedShapeDecoder:
     """The target side of the fixed-shape path for one `dflash_decode` call.
 
     Slots: row r's prompt fills slots [0, P) of its caches (left-padded: `key_is_pad`), its token at slot j has
-    position j - pad_r, and `slot` [rows] is where its newest committed token (the next root) goes."""
+    position j - pad_r, and `slot` [rows] is where its newest committed token (the next root) goes. A step verifies
+    `verify_width` tokens there: the block, or a tree's root and its nodes (at most `tree_size`)."""
 
     def __init__(self, target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
-                 block_size: int):
+                 block_size: int, tree_size: int = 0):
         self.target = target
         self.config = generation_config
         self.processors = logits_processor or []
         self.block_size = block_size
+        self.verify_width = 1 + tree_size if tree_size else block_size  # a tree's: known once it is built
+        span = max(block_size, self.verify_width)
         device = input_ids.device
         batch, self.prompt_len = input_ids.shape
         self.max_length = generation_config.max_length
@@ -101,7 +110,7 @@ class FixedShapeDecoder:
         self.pad_token_id = int(pad) if pad is not None else 0
         # room for the last block verified next to max_length, rounded up so that calls of nearby lengths share one
         # shape, hence one compiled graph
-        self.capacity = -(-(self.max_length + block_size) // CAPACITY_STEP) * CAPACITY_STEP
+        self.capacity = -(-(self.max_length + span) // CAPACITY_STEP) * CAPACITY_STEP
         self.sequences = torch.full((batch, self.max_length + block_size), self.pad_token_id, dtype=torch.long,
                                     device=device)
         self.sequences[:, : self.prompt_len] = input_ids
@@ -120,8 +129,9 @@ class FixedShapeDecoder:
         if not types:
             types = {"sliding_attention" if self.sliding_window else "full_attention"}
         self.layer_types = types
-        self.write_index = torch.zeros(batch, block_size, dtype=torch.long, device=device)
-        self.offsets = torch.arange(block_size, device=device)
+        self.write_index = torch.zeros(batch, span, dtype=torch.long, device=device)  # its first W: a step's slots
+        self.offsets = torch.arange(span, device=device)
+        self.family = None  # the verified tree's [rows, T, T] ancestry (`tree.ancestors`)
         self.verify_call, self.compile_config = target.__call__, None
         self.rows = torch.arange(batch, device=device)  # every row stays: the decoder's rows never change
 
@@ -153,7 +163,6 @@ class FixedShapeDecoder:
         out = self.target(input_ids=input_ids, position_ids=(slots - self.pads[:, None]).clamp(min=0),
                           attention_mask=self._masks(slots, self.target.dtype), cache=self.cache, use_cache=True,
                           output_hidden_states=True, logits_to_keep=1)
-        set_write_index(self.cache, self.write_index)
         self.compile_config = compile_config_for(self.target, self.cache, self.config)
         self.verify_call = compiled_call(self.target, self.compile_config)
         tokens = self.choose(out.logits[:, -1:])  # [rows, 1]
@@ -163,11 +172,45 @@ class FixedShapeDecoder:
     def prompt_slots(self, rows: int) -> torch.LongTensor:
         return torch.arange(self.prompt_len, device=self.slot.device).expand(rows, -1)
 
-    def verify_forward(self, block: torch.LongTensor):
-        """The target over `block` [rows, V] (the root, then its drafts) at each row's slots."""
-        query_slots = self.slot[:, None] + self.offsets  # [rows, V]
-        self.write_index.copy_(query_slots)
-        return self.verify_call(input_ids=block, position_ids=query_slots - self.pads[:, None],
+    def verify_forward(self, tree: DraftTree):
+        """The target over `tree` [rows, T] (the root, then its drafts) at each row's slots."""
+        self.verify_width = width = tree.tokens.shape[1]
+        query_slots = self.write_index[:, :width]  # [rows, T]: a view of one buffer, the same every step
+        query_slots.copy_(self.slot[:, None] + self.offsets[:width])
+        set_write_index(self.cache, query_slots)
+        if tree.is_chain:
+            return self.forward_at(tree.tokens, query_slots)
+        self.family = ancestors(tree, max_depth=self.block_size - 1)
+        return self.verify_call(input_ids=tree.tokens, position_ids=self.next_pos[:, None] + tree.depths,
+                                attention_mask=self._tree_masks(tree, self.target.dtype), cache=self.cache,
+                                use_cache=True, output_hidden_states=True)
+
+    def _tree_masks(self, tree: DraftTree, dtype) -> dict | torch.Tensor:
+        """`_masks` for a tree at the slots from each row's root on: a node sees the real slots before the root and
+        its own ancestors; sliding layers count the distance in positions (a node's is the root's + its depth)."""
+        rows, width = tree.tokens.shape
+        keys = torch.arange(self.capacity, device=tree.tokens.device)
+        in_tree = keys - self.slot[:, None]  # [rows, capacity]: the key's tree slot where 0 <= it < T
+        tree_slot = in_tree.clamp(0, width - 1)
+        is_node = (in_tree >= 0) & (in_tree < width)
+        visible = self.family.gather(2, tree_slot[:, None, :].expand(-1, width, -1)) & is_node[:, None, :]
+        visible |= ((in_tree < 0) & ~self.key_is_pad)[:, None, :]  # [rows, T, capacity]
+        masks = {}
+        for kind in self.layer_types:
+            seen = visible
+            if kind == "sliding_attention":
+                key_pos = torch.where(is_node, self.next_pos[:, None] + tree.depths.gather(1, tree_slot),
+                                      keys - self.pads[:, None])
+                query_pos = self.next_pos[:, None] + tree.depths
+                seen = visible & (query_pos[:, :, None] - key_pos[:, None, :] < self.sliding_window)
+            masks[kind] = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
+                ~seen, torch.finfo(dtype).min)[:, None]
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
+    def forward_at(self, tokens: torch.LongTensor, query_slots: torch.LongTensor):
+        """The (compiled) target forward over `tokens` [rows, Q] at `query_slots` [rows, Q], writing the cache where
+        its layers' write index says."""
+        return self.verify_call(input_ids=tokens, position_ids=query_slots - self.pads[:, None],
                                 attention_mask=self._masks(query_slots, self.target.dtype), cache=self.cache,
                                 use_cache=True, output_hidden_states=True)
 
@@ -183,15 +226,46 @@ class FixedShapeDecoder:
             scores = scores.log_softmax(-1) - torch.log(-torch.log(noise))
         return argmax(scores).view(rows, width)
 
-    def accept(self, logits: torch.Tensor, block: torch.LongTensor) -> torch.LongTensor:
-        """Verify `block` [rows, V] against the target's `logits` [rows, V, vocab]; commit; return the slots the
-        verified block was written to [rows, V] (the drafter's next context)."""
-        tokens = self.choose(logits)  # [rows, V]: the target's token after each block position
-        matches = block[:, 1:] == tokens[:, :-1]
-        kept = matches.long().cumprod(-1).sum(-1) + 1  # accepted drafts + the target's own token
-        written = self.slot[:, None] + self.offsets
+    def accept(self, logits: torch.Tensor, tree: DraftTree) -> tuple:
+        """Verify `tree` against the target's `logits` [rows, T, vocab]; commit. Returns the slots [rows, B] that
+        now hold the verified block, or the tree's path from its root (the drafter's next context), and that path
+        [rows, B] of tree slots (None for a chain)."""
+        tokens, kept, path = self.verify(logits, tree)
+        if path is not None:
+            self.keep_path(path)
+        written = self.slot[:, None] + self.offsets[: self.block_size]
         self.slot = self.slot + self.commit(tokens, kept)
-        return written
+        return written, path
+
+    def verify(self, logits: torch.Tensor, tree: DraftTree) -> tuple:
+        """The target's tokens [rows, B] along each row's accepted path and after it, how many of them each row keeps
+        before any stop cuts it [rows] (its accepted drafts + the target's own token), and for a tree the path's
+        slots [rows, B] (root first; past the accepted depth, any slot)."""
+        choices = self.choose(logits)  # [rows, T]: the target's token after each slot
+        if tree.is_chain:
+            matches = tree.tokens[:, 1:] == choices[:, :-1]
+            return choices, matches.long().cumprod(-1).sum(-1) + 1, None
+        # a node is right when the target chose its token after its parent; accepted when it and its ancestors are
+        right = tree.tokens == choices.gather(1, tree.parents.clamp(min=0))
+        right[:, 0] = True
+        accepted = ~(self.family & ~right[:, None, :]).any(-1)  # [rows, T]
+        deepest = (accepted * (tree.depths + 1)).argmax(-1)  # siblings hold distinct tokens: one per depth
+        on_path = self.family[self.rows, deepest]  # [rows, T]: the deepest accepted node and its ancestors
+        depths = torch.arange(self.block_size, device=choices.device)
+        path = (on_path[:, None, :] & (tree.depths[:, None, :] == depths[:, None])).long().argmax(-1)  # [rows, B]
+        return choices.gather(1, path), tree.depths.gather(1, deepest[:, None])[:, 0] + 1, path
+
+    def keep_path(self, path: torch.LongTensor) -> None:
+        """Move the keys / values of each row's path [rows, B] (tree slots) to the slots from its root on, in every
+        layer, where a chain's would be; slots past the accepted depth get any node's (the next step writes over
+        them first)."""
+        source = (self.slot[:, None] + path)[:, None, :, None]
+        target = (self.slot[:, None] + self.offsets[: self.block_size])[:, None, :, None]
+        for layer in self.cache.layers:
+            for stored in (layer.keys, layer.values):  # [rows, heads, capacity, head_dim]
+                shape = (-1, stored.shape[1], -1, stored.shape[-1])
+                moved = stored.gather(2, source.to(stored.device).expand(shape))
+                stored.scatter_(2, target.to(stored.device).expand(shape), moved)
 
     def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, record: bool = True) -> torch.LongTensor:
         """Append each live row's first `kept` of `tokens` [rows, W], cut after its first EOS and at `max_length`;
@@ -223,7 +297,7 @@ class FixedShapeDecoder:
         acceptance = [[n for n in row if n] for row in record]
         return DFlashGenerateOutput(
             sequences=sequences, acceptance_lengths=acceptance,
-            draft_lengths=[[self.block_size - 1] * len(row) for row in acceptance],
+            draft_lengths=[[self.verify_width - 1] * len(row) for row in acceptance],
         )
 
 
@@ -241,15 +315,22 @@ class FixedShapeProposer(DFlashProposer):
         self.layer_types = set(config.layer_types or ["full_attention"])
         self.sliding_window = config.sliding_window
 
-    def extend_context(self, features: torch.Tensor, slots: torch.LongTensor) -> None:
-        """The target's features [rows, n, F] of the slots [rows, n] just verified; the drafter caches them and reads
-        those below each row's next root."""
+    def extend_context(self, features: torch.Tensor, slots: torch.LongTensor, path: torch.LongTensor | None = None):
+        """The target's features [rows, n, F] of the slots [rows, n] just verified (of a tree: its `path` [rows, n],
+        which now holds those slots); the drafter caches them and reads those below each row's next root."""
+        if path is not None:
+            features = features.gather(1, path.to(features.device)[..., None].expand(-1, -1, features.shape[-1]))
         self.context = (features, slots)
 
-    def propose(self, decoder: FixedShapeDecoder, verify_len: int) -> torch.LongTensor:
-        """The block to verify [rows, V]: each row's newest token, then its chain of drafts."""
-        drafts, _ = self.draft_chain(decoder, verify_len)
-        return torch.cat([decoder.newest_tokens()[:, None], drafts.to(decoder.slot.device)], dim=1)
+    def propose(self, decoder: FixedShapeDecoder, verify_len: int) -> DraftTree:
+        """What to verify: each row's newest token, then its chain of drafts, or a tree of `tree_size` nodes."""
+        newest = decoder.newest_tokens()
+        if not self.tree_size:
+            drafts, _ = self.draft_chain(decoder, verify_len)
+            return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1))
+        candidates = self.conditional_candidates if self.conditional else self.draft_candidates
+        ids, probs = candidates(decoder, verify_len, self.top_k)
+        return build_tree_on_device(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
 
     def hidden_states(self, decoder: FixedShapeDecoder, verify_len: int) -> torch.Tensor:
         drafter = self.drafter
@@ -304,10 +385,10 @@ def fixed_shape_loop(proposer: FixedShapeProposer, decoder: FixedShapeDecoder, i
     for _ in range(decoder.max_length - decoder.prompt_len):
         if flags.all_set():  # on CUDA as of the step before the last: the last may have had nothing left to commit
             break
-        block = proposer.propose(decoder, decoder.block_size)  # [rows, V]
-        out = decoder.verify_forward(block)
-        written = decoder.accept(out.logits, block)  # [rows, V]: the slots the block went to
-        proposer.extend_context(proposer.features(out.hidden_states), written)
+        tree = proposer.propose(decoder, decoder.block_size)  # [rows, T]: the newest token, then the drafts
+        out = decoder.verify_forward(tree)
+        written, path = decoder.accept(out.logits, tree)  # [rows, B]: the slots the block / the path went to
+        proposer.extend_context(proposer.features(out.hidden_states), written, path)
         flags.publish(decoder.finished)
 
 

@@ -99,8 +99,7 @@ def dflash_decode(
     assistant_confidence_threshold: float | None = None,
     draft_tree_size: int | str | None = None,
     streamer=None,
-    proposer_class=None,
-    decoder_class=None,
+    sides=None,
     **model_kwargs,
 ):
     """The decoding loop, called by `GenerationMixin.generate` as a `custom_generate` callable.
@@ -108,9 +107,10 @@ def dflash_decode(
     Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
     longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
     every committed position. With `draft_tree_size`, a tree of drafts instead of a chain. `num_assistant_tokens`,
-    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`. `proposer_class` / `decoder_class`:
-    callables building the two sides instead of `DFlashProposer` / `Decoder`, with their arguments (the oracle
-    benchmark, `hf_dflash.bench.oracle`, drafts through them); the loop itself stays the same.
+    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`. `sides`: a function of the path the call
+    runs on ("general" or "fixed_shape") returning the callables that build its two sides instead of
+    `DFlashProposer` / `Decoder` (`FixedShapeProposer` / `FixedShapeDecoder`), taking their arguments; the oracle
+    benchmark (`hf_dflash.bench.oracle`) drafts through them. The loops themselves stay the same.
     """
     target = model
     attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
@@ -126,12 +126,13 @@ def dflash_decode(
     _warn_ignored(generation_config)
     settings = dict(num_assistant_tokens=num_assistant_tokens, draft_tree_size=draft_tree_size,
                     assistant_confidence_threshold=assistant_confidence_threshold)
-    if proposer_class is None and decoder_class is None and wants_fixed_shape(generation_config, model_kwargs.get("cache")):
+    if wants_fixed_shape(generation_config, model_kwargs.get("cache")):
         reason = unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
                                     draft_tree_size, assistant_confidence_threshold)
         if reason is None:
+            proposer_class, decoder_class = sides("fixed_shape") if sides else (FixedShapeProposer, FixedShapeDecoder)
             return _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
-                                       generation_config, settings)
+                                       generation_config, settings, proposer_class, decoder_class)
         logger.warning_once(f"cache_implementation='static': this call runs on the general loop, because of {reason}.")
     else:
         warn_unused_cache(model_kwargs.get("cache"))
@@ -142,9 +143,9 @@ def dflash_decode(
         # sampling: a chain's drafts are drawn at the target's temperature, and the target's rejection step reads
         # their distribution (the fixed-shape path keeps greedy drafts: point masses, exact too)
         temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else None
-        proposer = (proposer_class or DFlashProposer)(target, drafter, batch_size=batch, temperature=temperature,
-                                                      **settings)
-        decoder = (decoder_class or Decoder)(
+        proposer_class, decoder_class = sides("general") if sides else (DFlashProposer, Decoder)
+        proposer = proposer_class(target, drafter, batch_size=batch, temperature=temperature, **settings)
+        decoder = decoder_class(
             target, generation_config, logits_processor, stopping_criteria, streamer, input_ids,
             trees=bool(proposer.tree_size), costs=proposer.auto.costs if proposer.auto is not None else None,
         )
@@ -156,14 +157,15 @@ def dflash_decode(
 
 
 def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
-                        generation_config, settings):
+                        generation_config, settings, proposer_class, decoder_class):
     """`dflash_decode` on the fixed-shape path (`hf_dflash.generation.fixed_shape`)."""
     check_compatible(target, drafter)
     num_drafts = settings["num_assistant_tokens"]
     block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, max(num_drafts, 0) + 1)
-    decoder = FixedShapeDecoder(target, generation_config, logits_processor, stopping_criteria, input_ids,
-                                prompt_mask, block_size)
-    proposer = FixedShapeProposer(target, drafter, decoder=decoder, **settings)
+    tree_size = drafter.draft_tree_size if settings["draft_tree_size"] is None else settings["draft_tree_size"]
+    decoder = decoder_class(target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
+                            block_size, tree_size)
+    proposer = proposer_class(target, drafter, decoder=decoder, **settings)
     with torch.inference_mode():
         fixed_shape_loop(proposer, decoder, input_ids)
     return decoder.result()

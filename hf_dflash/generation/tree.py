@@ -100,15 +100,65 @@ def build_tree(root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tenso
     )
 
 
-def ancestors(tree: DraftTree) -> torch.BoolTensor:
+def build_tree_on_device(root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tensor,
+                         budget: int) -> DraftTree:
+    """`build_tree`'s tree from tensor ops alone: no host read and the same shapes every step (the fixed-shape path,
+    `hf_dflash.generation.fixed_shape`). Arguments as `build_tree`'s.
+
+    A beam keeps the `size` best nodes of each depth, each expanded by the k candidates of the next position; the
+    tree is the `size` best nodes of all beams. A node scores at most its parent, so every node of the best `size`
+    has its parent among them and in its depth's beam; sorted by score, ties in depth order, parents come before
+    their children. Ties aside, the nodes are `build_tree`'s."""
+    rows, depth, k = ids.shape
+    device = ids.device
+    conditional = probs.dim() == 4
+    size = min(budget, sum(k**d for d in range(1, depth + 1)))
+    beam_score = (probs[:, 0, 0] if conditional else probs[:, 0]).double()  # [rows, k]: depth 1, under the root
+    beam_parent = torch.zeros(rows, k, dtype=torch.long, device=device)  # the parent's index into the last beam
+    beam_rank = torch.arange(k, device=device).expand(rows, -1)  # the candidate's index into `ids`
+    scores, parents, ranks, depths = [], [], [], []
+    for d in range(depth):
+        if d:  # the last beam's n nodes' children, [rows, n * k]
+            n = beam_score.shape[1]
+            if conditional:  # under each node's own candidate
+                under = probs[:, d].gather(1, beam_rank[:, :, None].expand(-1, -1, k))  # [rows, n, k]
+            else:
+                under = probs[:, d, None, :]  # [rows, 1, k]
+            beam_score = (beam_score[:, :, None] * under).flatten(1)
+            beam_parent = torch.arange(n, device=device).repeat_interleave(k).expand(rows, -1)
+            beam_rank = torch.arange(k, device=device).repeat(n).expand(rows, -1)
+        best = beam_score.topk(min(size, beam_score.shape[1]), dim=-1).indices
+        beam_score, beam_parent, beam_rank = (t.gather(1, best) for t in (beam_score, beam_parent, beam_rank))
+        offset = sum(p.shape[1] for p in parents[:-1])  # where the last beam starts among all beams' nodes
+        parents.append(beam_parent + offset if d else torch.full_like(beam_parent, -1))
+        scores.append(beam_score)
+        ranks.append(beam_rank)
+        depths.append(torch.full_like(beam_rank, d))
+    scores, parents, ranks, depths = (torch.cat(t, dim=1) for t in (scores, parents, ranks, depths))
+    chosen = scores.sort(dim=-1, descending=True, stable=True).indices[:, :size]  # [rows, size], best first
+    slot_of = torch.zeros_like(scores, dtype=torch.long).scatter_(
+        1, chosen, torch.arange(1, size + 1, device=device).expand(rows, -1))  # 0: the root, or not chosen
+    parent = parents.gather(1, chosen)
+    parent_slot = torch.where(parent >= 0, slot_of.gather(1, parent.clamp(min=0)), 0)
+    position, rank = depths.gather(1, chosen), ranks.gather(1, chosen)
+    tokens = ids.flatten(1).gather(1, position * k + rank)
+    return DraftTree(
+        tokens=torch.cat([root.to(device)[:, None], tokens], dim=1),
+        parents=torch.cat([parent_slot.new_full((rows, 1), -1), parent_slot], dim=1),
+        depths=torch.cat([position.new_zeros(rows, 1), position + 1], dim=1),
+        scores=scores.gather(1, chosen),
+    )
+
+
+def ancestors(tree: DraftTree, max_depth: int | None = None) -> torch.BoolTensor:
     """[rows, T, T]: slot j is slot i itself or one of its ancestors. From "itself or its parent", each squaring of
     the reach matrix doubles the distance covered: log2(depth) small matmuls (exact: 0/1 sums of at most T terms)
-    instead of a pass per slot."""
+    instead of a pass per slot. `max_depth`: a bound on the tree's depth known beforehand (no host read)."""
     rows, length = tree.parents.shape
     device = tree.parents.device
     reach = torch.eye(length, device=device).repeat(rows, 1, 1)
     reach[:, 1:].scatter_(-1, tree.parents[:, 1:, None], 1.0)
-    span, depth = 1, int(tree.depths.max())
+    span, depth = 1, int(tree.depths.max()) if max_depth is None else max_depth
     while span < depth:
         reach = (reach @ reach).clamp_(max=1)
         span *= 2
