@@ -133,7 +133,8 @@ def test_profile_accounts_for_the_measured_time(results):
             assert plain["drafter_layers"] == plain["drafter_head"] == 0
             assert dflash["drafter_layers"] > 0 and dflash["drafter_head"] > 0
         profile = run["profile"]["dflash"]
-        assert profile["steps"] == sum(r["dflash"]["phases"]["target_forwards"] - 1 for r in run["prompts"])
+        assert profile["split"] and profile["steps"] == sum(r["dflash"]["phases"]["target_forwards"] - 1
+                                                            for r in run["prompts"])
 
 
 def test_prompt_file_set_and_bench_files(tmp_path, setup):
@@ -538,6 +539,10 @@ def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
         assert s["speedup_best_plain"] == pytest.approx(min(s["plain_seconds"], static["seconds"]) / s["dflash_seconds"])
         if run["mode"] == "greedy":
             assert static["identical"] and s["identical"]
+    for run in out["runs"]:  # split into phases or not (compiled forwards run no hooks), a step's time adds up
+        p = run["profile"]["dflash"]
+        step = sum(p[f"{k}_ms"] or 0.0 for k in ("target_steps", "drafter_layers", "drafter_head", "other"))
+        assert p["prefill_seconds"] + p["steps"] * step / 1000 == pytest.approx(run["summary"]["dflash_seconds"])
     static_calls = [c for c in calls if c is not None]
     assert static_calls and all(layer.max_cache_len % 256 == 0 for c in static_calls for layer in c.layers)
     assert "speedup vs best plain" in out["markdown"]

@@ -202,10 +202,11 @@ def test_fixed_shape_path_serves_dflash2():
     assert torch.equal(out, plain)
 
 
-def test_sampling_is_exact_with_dflash2(monkeypatch):
+@pytest.mark.parametrize("path", [{}, {"cache_implementation": "static"}])
+def test_sampling_is_exact_with_dflash2(monkeypatch, path):
     """Under sampling the chain is drawn from the selector's distribution, each draft under the one before it, and
     the rejection step reads that distribution: a G-test against the enumerated distribution (the harness of
-    test_sampling)."""
+    test_sampling), on the general loop and on the fixed-shape one."""
     from test_sampling import VOCAB, assert_samples_the_target_distribution, sampling_target
 
     proposals = []
@@ -225,7 +226,7 @@ def test_sampling_is_exact_with_dflash2(monkeypatch):
         target, num_hidden_layers=1, block_size=4, mask_token_id=VOCAB - 1,
         dflash_config={"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4},
     )
-    assert_samples_the_target_distribution(target, _random_weights(drafter, 2))
+    assert_samples_the_target_distribution(target, _random_weights(drafter, 2), **path)
     assert proposals and all(torch.allclose(q.sum(-1), torch.ones(())) for q in proposals)
 
 

@@ -8,7 +8,7 @@ from transformers import CompileConfig
 
 from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
 from hf_dflash.generation import loop
-from test_sampling import SAMPLES, draw, exact_distribution, g_test
+from test_sampling import SAMPLES, exact_distribution, g_test
 from test_sampling import drafter, greedy_oracle, target  # noqa: F401 (fixtures: test_sampling's 8-token target)
 from test_tree import PROBS, calibrated_oracle, draw_tree, tree_oracle  # noqa: F401 (fixtures)
 
@@ -108,12 +108,16 @@ def test_steps_compile_where_transformers_compiles(monkeypatch):
     assert len(compiled) == 2 and all(c["backend"] == "aot_eager" for c in compiled)  # the drafter and the target
 
 
+@pytest.mark.parametrize("tree_size", [0, 5])
 @pytest.mark.parametrize("settings", [dict(temperature=0.7, top_k=3, top_p=0.9), dict(temperature=1.3, min_p=0.05)])
-def test_sampling_draws_the_target_distribution(target, drafter, greedy_oracle, settings, monkeypatch):  # noqa: F811
+def test_sampling_draws_the_target_distribution(target, drafter, greedy_oracle, calibrated_oracle,  # noqa: F811
+                                                settings, tree_size, monkeypatch):
+    """Chains (the greedy continuation as drafts) and trees (the target's own top candidates along it), every slot
+    sampled with Gumbel noise: the target's distribution, with whole blocks or paths accepted."""
     runs = loops_run(monkeypatch)
     dist = exact_distribution(target, settings)
-    counts, acceptance = draw(target, drafter, {**settings, **STATIC})
-    assert runs == ["fixed"]
+    counts, acceptance = draw_tree(target, drafter, {**settings, **STATIC}, tree_size)
+    assert set(runs) == {"fixed"}
     assert set(counts) <= set(dist), "sampled a sequence the processors give probability 0"
     g, threshold = g_test(counts, dist)
     assert g < threshold
@@ -250,17 +254,3 @@ def test_dflash2_trees(monkeypatch):
     fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
                            draft_tree_size=7, **STATIC)
     assert runs == ["fixed"] and torch.equal(fast, plain)
-
-
-@pytest.mark.parametrize("settings", [dict(temperature=0.7, top_k=3, top_p=0.9), dict(temperature=1.3, min_p=0.05)])
-def test_trees_sample_the_target_distribution(target, drafter, calibrated_oracle, settings, monkeypatch):  # noqa: F811
-    runs = loops_run(monkeypatch)
-    dist = exact_distribution(target, settings)
-    counts, acceptance = draw_tree(target, drafter, {**settings, **STATIC}, tree_size=5)
-    assert set(runs) == {"fixed"}
-    assert set(counts) <= set(dist), "sampled a sequence the processors give probability 0"
-    g, threshold = g_test(counts, dist)
-    assert g < threshold
-    assert sum(row[0] == 3 for row in acceptance) > SAMPLES // 10  # whole paths accepted
-    g_other, threshold_other = g_test(counts, exact_distribution(target, {**settings, "temperature": 2.0}))
-    assert g_other > 2 * threshold_other  # negative control

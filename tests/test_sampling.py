@@ -21,7 +21,7 @@ from conftest import _REAL_CHAIN, make_target
 from hf_dflash import DFlashDraftModel
 from hf_dflash.bigram import sample_conditional_chain
 from hf_dflash.generation import Decoder, DFlashProposer
-from hf_dflash.generation.decoder import rejection_sample
+from hf_dflash.generation.decoder import exponential_race, rejection_sample
 
 VOCAB = 8
 PROMPT = torch.tensor([[2, 5, 3]])
@@ -143,12 +143,12 @@ def sampling_target():
     return make_target("qwen3", vocab_size=VOCAB, initializer_range=0.3, seed=3, dtype=torch.float32)
 
 
-def assert_samples_the_target_distribution(target, drafter, setting: str = "top_k_top_p") -> None:
-    """A G-test of one batched DFlash draw against the enumerated distribution, where some drafts are accepted (for
-    other drafter formats: DFlash2, transformers' own)."""
+def assert_samples_the_target_distribution(target, drafter, setting: str = "top_k_top_p", **kwargs) -> None:
+    """A G-test of one batched DFlash draw (`generate` arguments `kwargs`) against the enumerated distribution, where
+    some drafts are accepted (for other drafter formats: DFlash2, transformers' own)."""
     settings = SETTINGS[setting]
     dist = exact_distribution(target, settings)
-    counts, acceptance = draw(target, drafter, settings)
+    counts, acceptance = draw(target, drafter, {**settings, **kwargs})
     assert set(counts) <= set(dist)
     g, threshold = g_test(counts, dist)
     assert g < threshold
@@ -170,11 +170,13 @@ def test_oracle_drafter_samples_the_target_distribution(target, drafter, greedy_
     assert g_other > 2 * threshold_other, g_other
 
 
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_random_drafter_samples_the_target_distribution(target, drafter, setting):
+# the general loop, and the fixed-shape one (which draws and rejects drafts by exponential races)
+@pytest.mark.parametrize("setting, path", [(name, {}) for name in sorted(SETTINGS)]
+                         + [("top_k_top_p", {"cache_implementation": "static"})])
+def test_random_drafter_samples_the_target_distribution(target, drafter, setting, path):
     settings = SETTINGS[setting]
     dist = exact_distribution(target, settings)
-    counts, _ = draw(target, drafter, settings, seed=1)
+    counts, _ = draw(target, drafter, {**settings, **path}, seed=1)
     assert set(counts) <= set(dist)
     g, threshold = g_test(counts, dist)
     assert g < threshold
@@ -211,10 +213,12 @@ def test_biased_acceptance_is_detected(target, drafter, greedy_oracle, monkeypat
     assert g > threshold
 
 
-def test_rejection_step_returns_the_target_distribution():
+@pytest.mark.parametrize("sample", [None, exponential_race])
+def test_rejection_step_returns_the_target_distribution(sample):
     """`rejection_sample` against exact arithmetic: for a fixed p and a proposal q over some candidates, the tokens
     it returns follow p, and a draft is kept with probability sum(min(p, q)); the classic bug (sampling p again
-    instead of the residual) is caught by the same test."""
+    instead of the residual) is caught by the same test. `sample`: how a rejected draft's replacement is drawn
+    (`torch.multinomial`, or the fixed-shape path's exponential race)."""
     torch.manual_seed(0)
     n, vocab = 200_000, 8
     p = F.softmax(torch.randn(vocab) * 1.5, dim=-1)
@@ -227,13 +231,16 @@ def test_rejection_step_returns_the_target_distribution():
         counts = Counter({(t,): c for t, c in Counter(tokens.tolist()).items()})
         return g_test(counts, {(t,): p[t].item() for t in range(vocab)})
 
-    tokens = rejection_sample(*args)
+    tokens = rejection_sample(*args, sample=sample)
     g, threshold = distance(tokens)
     assert g < threshold
     q_full = torch.zeros(vocab).index_add_(0, ids, q)
     kept = (tokens == drafts).float().mean().item()
     assert abs(kept - torch.minimum(p, q_full).sum().item()) < 0.01
-    assert torch.equal(rejection_sample(q_full.log().expand(n, -1), *args[1:]), drafts)  # q == p: all kept
+    assert torch.equal(rejection_sample(q_full.log().expand(n, -1), *args[1:], sample=sample), drafts)  # q == p
+    batched = rejection_sample(args[0].view(n // 4, 4, vocab), *(a.view(n // 4, 4, *a.shape[1:]) for a in args[1:]),
+                               sample=sample)  # any leading shape: [rows, positions]
+    assert distance(batched.view(-1))[0] < threshold
 
     def biased(scores, drafts, ids, q):  # keep with min(1, p / q), else a fresh sample of p
         probs = F.softmax(scores, dim=-1)
@@ -244,9 +251,11 @@ def test_rejection_step_returns_the_target_distribution():
     assert g > threshold
 
 
-def test_drafts_from_the_target_distribution_are_all_accepted(target, drafter, monkeypatch):
+@pytest.mark.parametrize("path", [{}, {"cache_implementation": "static"}])
+def test_drafts_from_the_target_distribution_are_all_accepted(target, drafter, monkeypatch, path):
     """Under sampling a chain's drafts are drawn, and the rejection step reads their distribution: drafts drawn from
-    the target's own (processed) distribution are kept every time, and the samples still follow it."""
+    the target's own (processed) distribution are kept every time, and the samples still follow it (on the general
+    loop and on the fixed-shape one)."""
     settings = SETTINGS["top_k_top_p"]
     warp = processors(**settings)
     seen = []
@@ -268,14 +277,24 @@ def test_drafts_from_the_target_distribution_are_all_accepted(target, drafter, m
         return drafts, None, (torch.arange(VOCAB).expand(len(lengths), verify_len - 1, -1), q)
 
     monkeypatch.setattr(DFlashProposer, "sample_chain", sample_chain)
-    counts, acceptance = draw(target, drafter, settings)
+    counts, acceptance = draw(target, drafter, {**settings, **path})
     assert seen, "sampling draws the chain's drafts"
     assert all(row == [3] for row in acceptance)  # one step: its 2 drafts kept, and the target's token
     g, threshold = g_test(counts, exact_distribution(target, settings))
     assert g < threshold
 
 
-def test_sampled_chain_draws_each_draft_under_its_parent():
+def test_exponential_race_draws_the_distribution():
+    torch.manual_seed(0)
+    p = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05])
+    tokens = exponential_race(p.expand(200_000, -1).clone())
+    counts = Counter({(t,): c for t, c in Counter(tokens.tolist()).items()})
+    g, threshold = g_test(counts, {(t,): p[t].item() for t in range(5) if p[t] > 0})
+    assert 1 not in tokens.tolist() and g < threshold
+
+
+@pytest.mark.parametrize("sample", [None, exponential_race])
+def test_sampled_chain_draws_each_draft_under_its_parent(sample):
     """`sample_conditional_chain`: position 0 from its own row, each later position from the row of the candidate
     drawn before it, sharpened by the temperature; the proposal returned is the distribution actually drawn from."""
     torch.manual_seed(0)
@@ -283,7 +302,7 @@ def test_sampled_chain_draws_each_draft_under_its_parent():
     ids = torch.tensor([[10, 11], [20, 21]]).expand(n, -1, -1)  # [rows, D=2, k=2]
     probs = torch.tensor([[[0.6, 0.4], [0.6, 0.4]],  # position 0: the same under every parent
                           [[0.9, 0.1], [0.2, 0.8]]])  # position 1 under candidate 0 / 1 of position 0
-    drafts, q = sample_conditional_chain(ids, probs.expand(n, -1, -1, -1), temperature)
+    drafts, q = sample_conditional_chain(ids, probs.expand(n, -1, -1, -1), temperature, sample)
 
     def sharpened(p):
         return F.softmax(torch.tensor(p).log() / temperature, dim=-1)

@@ -7,6 +7,8 @@ drafter: `OracleProposer` replaces its drafts with the target's own greedy conti
 by the plain `generate` run the benchmark makes anyway), so the measured speedup over the ceiling is the loop's
 efficiency. After each step `OracleDecoder` also times t(1) and t(k) of the sizes the ceiling needs, there, on the
 step's own cache: a machine's drift (clocks, other jobs) then reaches the loop and its ceiling alike (`ceilings`).
+On the fixed-shape path (`cache_implementation="static"`) `FixedShapeOracleProposer` and `FixedShapeOracleDecoder`
+do the same, timing the path's own (compiled) forwards.
 `hf_dflash.bench.benchmark(..., oracle=True)` measures both in the same run.
 
 In bfloat16 a verification over B tokens may round a near-tie differently from one-token forwards, so the committed

@@ -92,7 +92,11 @@ def to_markdown(results: dict) -> str:
                  plain["target_steps_ms"],
                  plain["other_ms"], dflash["target_steps_ms"], dflash["drafter_layers_ms"], dflash["drafter_head_ms"],
                  dflash["other_ms"]]
-        lines.append("| " + " | ".join(str(c) if isinstance(c, (str, int)) else f"{c:.1f}" for c in cells) + " |")
+        lines.append("| " + " | ".join("-" if c is None else str(c) if isinstance(c, (str, int)) else f"{c:.1f}"
+                                       for c in cells) + " |")
+    if any(not run["profile"]["dflash"].get("split", True) for run in results["runs"]):
+        lines += ["", "-: compiled forwards (the fixed-shape path) are not split into phases; `dflash: other` is then "
+                      "a whole step"]
     return "\n".join(lines) + "\n"
 
 

@@ -447,10 +447,19 @@ def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped
 
 
 def _profile(records, method: str) -> dict:
-    """Milliseconds per decoding step (one target forward after the prefill) in each phase, pooled over prompts."""
+    """Milliseconds per decoding step (one target forward after the prefill) in each phase, pooled over prompts.
+    Compiled forwards (the fixed-shape path) run no timing hooks: where the hooks saw fewer forwards than the run made
+    steps, the phases are None and `other_ms` holds a step's whole time (`split`: False)."""
     total = {k: sum(r[method]["phases"][k] for r in records) for k in (*PHASES, "other")}
-    steps = sum(r[method]["phases"]["target_forwards"] - 1 for r in records)
-    per_step = {f"{k}_ms": 1000 * v / max(steps, 1) for k, v in total.items() if k != "target_prefill"}
-    return {"steps": steps, "prefill_seconds": total["target_prefill"], **per_step}
+    seen = sum(r[method]["phases"]["target_forwards"] - 1 for r in records)
+    # a DFlash batch makes a step until its last row ends (each row's acceptance lengths: one per step it took part in)
+    steps = seen if method == "plain" else sum(max(map(len, r["acceptance_lengths"])) for r in records)
+    split = seen == steps
+    per_step = {f"{k}_ms": 1000 * v / max(steps, 1) if split else None for k, v in total.items()
+                if k not in ("target_prefill", "other")}
+    decoding = total["other"] + (0.0 if split else sum(v for k, v in total.items() if k not in ("target_prefill",
+                                                                                                  "other")))
+    return {"steps": steps, "split": split, "prefill_seconds": total["target_prefill"], **per_step,
+            "other_ms": 1000 * decoding / max(steps, 1)}
 
 

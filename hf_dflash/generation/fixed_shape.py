@@ -12,7 +12,8 @@ general loop. What changes:
   the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
 - rows that stop stay in the batch, frozen (they commit nothing), instead of leaving it;
 - acceptance, the EOS and `max_length` cut, the commit into a preallocated output buffer and the acceptance record are
-  computed on the device; sampling draws with Gumbel noise (exact, like `multinomial`, without a host read);
+  computed on the device; sampling draws by an exponential race (exact, like `multinomial`, without a host read),
+  and under sampling a chain's drafts are drawn from the drafter and rejection-sampled, as on the general loop;
 - the drafter's forward and the target's verification are compiled where transformers would compile plain decoding
   (`compile_config`, `disable_compile`, a device it compiles on); the prefill and the first draft stay eager.
 
@@ -28,7 +29,7 @@ from transformers.utils import logging
 
 from ..cpu_ops import argmax
 from ..modeling.modeling_dflash import block_visibility
-from .decoder import _POSITION_FREE, DFlashGenerateOutput
+from .decoder import _POSITION_FREE, DFlashGenerateOutput, exponential_race, rejection_sample
 from .kv_cache import row_cache, set_write_index
 from .proposer import DFlashProposer
 from .tree import DraftTree, ancestors, build_tree_on_device
@@ -215,16 +216,21 @@ class FixedShapeDecoder:
                                 use_cache=True, output_hidden_states=True)
 
     def choose(self, logits: torch.Tensor) -> torch.LongTensor:
-        """The target's token at every position of `logits` [rows, V, vocab]: processed as `generate` processes them
-        (in float32), then the argmax, or a sample drawn by the Gumbel-max trick."""
+        """The target's token at every position of `logits` [rows, V, vocab] (`process`, then `pick`)."""
+        return self.pick(self.process(logits))
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` [rows, V, vocab] processed as `generate` processes them, in float32."""
         rows, width, vocab = logits.shape
         scores = logits.to(dtype=torch.float32).reshape(rows * width, vocab)
         if self.processors:
             scores = self.processors(torch.zeros(rows * width, 1, dtype=torch.long, device=scores.device), scores)
-        if self.config.do_sample:
-            noise = torch.rand_like(scores).clamp_(min=torch.finfo(scores.dtype).tiny)
-            scores = scores.log_softmax(-1) - torch.log(-torch.log(noise))
-        return argmax(scores).view(rows, width)
+        return scores.view(rows, width, vocab)
+
+    def pick(self, scores: torch.Tensor) -> torch.LongTensor:
+        """The argmax of each position's `scores` [rows, V, vocab], or a sample of their softmax (an exponential race:
+        exact, like `multinomial`, without a host read)."""
+        return exponential_race(scores.softmax(-1)) if self.config.do_sample else argmax(scores)
 
     def accept(self, logits: torch.Tensor, tree: DraftTree) -> tuple:
         """Verify `tree` against the target's `logits` [rows, T, vocab]; commit. Returns the slots [rows, B] that
@@ -241,7 +247,12 @@ class FixedShapeDecoder:
         """The target's tokens [rows, B] along each row's accepted path and after it, how many of them each row keeps
         before any stop cuts it [rows] (its accepted drafts + the target's own token), and for a tree the path's
         slots [rows, B] (root first; past the accepted depth, any slot)."""
-        choices = self.choose(logits)  # [rows, T]: the target's token after each slot
+        scores = self.process(logits)
+        if tree.proposal is not None:  # drawn drafts: each kept with probability min(1, p / q), else resampled
+            drawn = rejection_sample(scores[:, :-1], tree.tokens[:, 1:], *tree.proposal, exponential_race)
+            choices = torch.cat([drawn, self.pick(scores[:, -1:])], dim=1)  # after the last draft: the target's own
+        else:
+            choices = self.pick(scores)  # [rows, T]: the target's token after each slot
         if tree.is_chain:
             matches = tree.tokens[:, 1:] == choices[:, :-1]
             return choices, matches.long().cumprod(-1).sum(-1) + 1, None
@@ -311,6 +322,7 @@ class FixedShapeProposer(DFlashProposer):
         self.decoder = decoder
         self.cache = row_cache(drafter.config.num_hidden_layers, decoder.capacity)
         self.drafter_call, self.compiled = drafter.__call__, False
+        self.sample = exponential_race  # drawn drafts without a host read
         config = drafter.config
         self.layer_types = set(config.layer_types or ["full_attention"])
         self.sliding_window = config.sliding_window
@@ -326,8 +338,13 @@ class FixedShapeProposer(DFlashProposer):
         """What to verify: each row's newest token, then its chain of drafts, or a tree of `tree_size` nodes."""
         newest = decoder.newest_tokens()
         if not self.tree_size:
-            drafts, _ = self.draft_chain(decoder, verify_len)
-            return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1))
+            proposal = None
+            if self.temperature is None:
+                drafts, _ = self.draft_chain(decoder, verify_len)
+            else:
+                drafts, _, proposal = self.sample_chain(decoder, verify_len)
+            proposal = None if proposal is None else tuple(t.to(newest.device) for t in proposal)
+            return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1), proposal)
         candidates = self.conditional_candidates if self.conditional else self.draft_candidates
         ids, probs = candidates(decoder, verify_len, self.top_k)
         return build_tree_on_device(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)

@@ -124,8 +124,11 @@ def dflash_decode(
             "Set tokenizer.padding_side = 'left'."
         )
     _warn_ignored(generation_config)
+    # sampling: a chain's drafts are drawn at the target's temperature, and the target's rejection step reads their
+    # distribution
+    temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else None
     settings = dict(num_assistant_tokens=num_assistant_tokens, draft_tree_size=draft_tree_size,
-                    assistant_confidence_threshold=assistant_confidence_threshold)
+                    assistant_confidence_threshold=assistant_confidence_threshold, temperature=temperature)
     if wants_fixed_shape(generation_config, model_kwargs.get("cache")):
         reason = unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
                                     draft_tree_size, assistant_confidence_threshold)
@@ -140,11 +143,8 @@ def dflash_decode(
     with without_cudnn_attention(input_ids.device):
         # built outside inference mode: their tensors stay ordinary ones (`sequences` is returned, the drafter's
         # gathered head is cached across calls by version counters, which inference tensors lack)
-        # sampling: a chain's drafts are drawn at the target's temperature, and the target's rejection step reads
-        # their distribution (the fixed-shape path keeps greedy drafts: point masses, exact too)
-        temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else None
         proposer_class, decoder_class = sides("general") if sides else (DFlashProposer, Decoder)
-        proposer = proposer_class(target, drafter, batch_size=batch, temperature=temperature, **settings)
+        proposer = proposer_class(target, drafter, batch_size=batch, **settings)
         decoder = decoder_class(
             target, generation_config, logits_processor, stopping_criteria, streamer, input_ids,
             trees=bool(proposer.tree_size), costs=proposer.auto.costs if proposer.auto is not None else None,
