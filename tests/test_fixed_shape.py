@@ -4,7 +4,7 @@ when sampling, one compiled graph for every step, and the general loop wherever 
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from transformers import CompileConfig
+from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList
 
 from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
 from hf_dflash.generation import loop
@@ -126,11 +126,16 @@ def test_sampling_draws_the_target_distribution(target, drafter, greedy_oracle, 
     assert g_other > 2 * threshold_other  # negative control
 
 
+class NeverStop(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+
+
 @pytest.mark.parametrize("setting, reason", [
     (dict(draft_tree_size="auto"), "draft_tree_size='auto'"),
     (dict(assistant_confidence_threshold=0.5), "assistant_confidence_threshold=0.5"),
     (dict(repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
-    (dict(stop_strings=["ab"]), "stop strings"),
+    (dict(stopping_criteria=StoppingCriteriaList([NeverStop()])), "custom criteria"),
     (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
 ])
 def test_what_it_cannot_serve_runs_on_the_general_loop(setting, reason, monkeypatch):
@@ -151,6 +156,30 @@ def test_what_it_cannot_serve_runs_on_the_general_loop(setting, reason, monkeypa
     assert "runs on the general loop" in captured.out and reason in captured.out
     plain = plain if torch.is_tensor(plain) else plain.sequences
     assert torch.equal(out if torch.is_tensor(out) else out.sequences, plain)
+
+
+@pytest.mark.parametrize("tree_size", [0, 6])
+def test_stop_strings_inside_an_accepted_block(tree_size, oracle, tree_oracle, monkeypatch):
+    """Stop strings are checked on the device at every committed token: a row stops where plain `generate` stops it,
+    inside a block of right drafts (and of a tree's path)."""
+    runs = loops_run(monkeypatch)
+    target, tokenizer = make_target("qwen3"), make_tokenizer()
+    ids, mask = left_padded(3)
+    unbounded = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    texts = tokenizer.batch_decode(unbounded[:, ids.shape[1]:])
+    stops = [texts[0][3:5], texts[1][9:11]]  # inside row 0's and row 1's text
+    eos = next(t for t in range(2, 95) if t not in set(unbounded.flatten().tolist()))  # pads the stopped rows
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=20, stop_strings=stops, tokenizer=tokenizer,
+                  eos_token_id=eos)
+    plain = target.generate(ids, **kwargs)
+    oracle(correct_upto=None)
+    tree_oracle([1, 0, 0, 0, 0, 0, 0])
+    out = target.generate(ids, assistant_model=make_drafter(target, block_size=8), draft_tree_size=tree_size,
+                          return_dict_in_generate=True, **kwargs, **STATIC)
+    assert runs == ["fixed"] and torch.equal(out.sequences, plain)
+    stopped = tokenizer.batch_decode(plain[:, ids.shape[1]:], skip_special_tokens=True)
+    for row in (0, 1):  # each stopped inside what it would have generated, at the end of its stop string
+        assert len(stopped[row]) < len(texts[row]) and stopped[row].endswith(stops[row])
 
 
 class HostReads(TorchFunctionMode):

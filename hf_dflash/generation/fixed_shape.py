@@ -11,20 +11,20 @@ general loop. What changes:
 - a tree of drafts (`draft_tree_size=N`) is built on the device (`tree.build_tree_on_device`: always N nodes), and
   the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
 - rows that stop stay in the batch, frozen (they commit nothing), instead of leaving it;
-- acceptance, the EOS and `max_length` cut, the commit into a preallocated output buffer and the acceptance record are
-  computed on the device; sampling draws by an exponential race (exact, like `multinomial`, without a host read),
+- acceptance, the EOS, stop-string and `max_length` cut, the commit into a preallocated output buffer and the
+  acceptance record are computed on the device; sampling draws by an exponential race (exact, like `multinomial`, without a host read),
   and under sampling a chain's drafts are drawn from the drafter and rejection-sampled, as on the general loop;
 - the drafter's forward and the target's verification are compiled where transformers would compile plain decoding
   (`compile_config`, `disable_compile`, a device it compiles on); the prefill and the first draft stay eager.
 
 What it serves: chains and trees of a fixed size (not `draft_tree_size="auto"`, which sizes each step anew; no
-`assistant_confidence_threshold`), greedy and sampling with processors that ignore `input_ids`, EOS and `max_length`
-stops, batch >= 1, full-attention and sliding-window targets with eager or sdpa attention. Anything else runs on the
+`assistant_confidence_threshold`), greedy and sampling with processors that ignore `input_ids`, EOS, stop-string and
+`max_length` stops, batch >= 1, full-attention and sliding-window targets with eager or sdpa attention. Anything else runs on the
 general loop, said once in the log.
 """
 
 import torch
-from transformers.generation import CompileConfig, EosTokenCriteria, MaxLengthCriteria
+from transformers.generation import CompileConfig, EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 from transformers.utils import logging
 
 from ..cpu_ops import argmax
@@ -58,8 +58,8 @@ def unsupported_reason(target, drafter, generation_config, logits_processor, sto
         names = sorted({type(p).__name__ for p in logits_processor if not isinstance(p, _POSITION_FREE)})
         return f"logits processors that read input_ids ({', '.join(names)})"
     kinds = {type(c) for c in stopping_criteria or []}
-    if not kinds <= {MaxLengthCriteria, EosTokenCriteria}:
-        return "stopping criteria other than EOS and max_length (stop strings, custom criteria)"
+    if not kinds <= {MaxLengthCriteria, EosTokenCriteria, StopStringCriteria}:
+        return "stopping criteria other than EOS, stop strings and max_length (custom criteria)"
     if streamer is not None:
         return "a streamer"
     if generation_config.return_dict_in_generate and (generation_config.output_scores or
@@ -107,6 +107,7 @@ class FixedShapeDecoder:
         self.max_length = generation_config.max_length
         eos = [c.eos_token_id.reshape(-1).to(device) for c in stopping_criteria or [] if type(c) is EosTokenCriteria]
         self.eos_ids = torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
+        self.stop_strings = [c for c in stopping_criteria or [] if type(c) is StopStringCriteria]
         pad = generation_config._pad_token_tensor
         self.pad_token_id = int(pad) if pad is not None else 0
         # room for the last block verified next to max_length, rounded up so that calls of nearby lengths share one
@@ -279,23 +280,38 @@ class FixedShapeDecoder:
                 stored.scatter_(2, target.to(stored.device).expand(shape), moved)
 
     def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, record: bool = True) -> torch.LongTensor:
-        """Append each live row's first `kept` of `tokens` [rows, W], cut after its first EOS and at `max_length`;
-        returns how many each row committed (0 for a stopped row)."""
+        """Append each live row's first `kept` of `tokens` [rows, W], cut after its first EOS or completed stop string
+        and at `max_length`; returns how many each row committed (0 for a stopped row)."""
         width = tokens.shape[1]
         offsets = self.offsets[:width]
-        eos = torch.isin(tokens, self.eos_ids) & (offsets < kept[:, None])
-        kept = torch.where(eos.any(-1), eos.long().argmax(-1) + 1, kept)
+        ends = (torch.isin(tokens, self.eos_ids) | self.stop_string_ends(tokens)) & (offsets < kept[:, None])
+        kept = torch.where(ends.any(-1), ends.long().argmax(-1) + 1, kept)
         kept = torch.minimum(kept, self.max_length - self.lengths)
         kept = torch.where(self.finished, 0, kept)
         index = self.lengths[:, None] + offsets
         self.sequences.scatter_(1, index, torch.where(offsets < kept[:, None], tokens, self.sequences.gather(1, index)))
-        stopped = (eos & (offsets < kept[:, None])).any(-1) | (self.lengths + kept >= self.max_length)
+        stopped = (ends & (offsets < kept[:, None])).any(-1) | (self.lengths + kept >= self.max_length)
         self.lengths = self.lengths + kept
         self.finished = self.finished | stopped
         if record:
             self.record[:, self.steps] = kept
             self.steps += 1
         return kept
+
+    def stop_string_ends(self, tokens: torch.LongTensor) -> torch.BoolTensor:
+        """[rows, W]: whether the text would end in a stop string after each of `tokens` [rows, W] appended. Each
+        `StopStringCriteria` reads the last tokens of a sequence: it is called once on every position's window."""
+        rows, width = tokens.shape
+        ends = torch.zeros(rows, width, dtype=torch.bool, device=tokens.device)
+        for criterion in self.stop_strings:
+            before = criterion.maximum_token_len - 1  # the committed tokens a window reaches back to
+            index = self.lengths[:, None] - before + torch.arange(before, device=tokens.device)  # [rows, before]
+            # before the first slot: an id past the criterion's table, which it maps to "matches nothing"
+            past = criterion.embedding_vec.shape[0] - 1
+            history = torch.where(index >= 0, self.sequences.gather(1, index.clamp(min=0)), past)
+            windows = torch.cat([history, tokens], dim=1).unfold(1, before + 1, 1)  # [rows, W, before + 1]
+            ends |= criterion(windows.reshape(rows * width, -1), None).view(rows, width)
+        return ends
 
     def result(self):
         lengths = self.lengths.tolist()
