@@ -12,15 +12,15 @@ general loop. What changes:
   the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
 - rows that stop stay in the batch, frozen (they commit nothing), instead of leaving it;
 - acceptance, the EOS, stop-string and `max_length` cut, the commit into a preallocated output buffer and the
-  acceptance record are computed on the device; sampling draws by an exponential race (exact, like `multinomial`, without a host read),
-  and under sampling a chain's drafts are drawn from the drafter and rejection-sampled, as on the general loop;
+  acceptance record are computed on the device; sampling draws by exponential races (exact, like `multinomial`,
+  without a host read), and a chain's drafts are drawn from the drafter and rejection-sampled, as on the general loop;
 - the drafter's forward and the target's verification are compiled where transformers would compile plain decoding
   (`compile_config`, `disable_compile`, a device it compiles on); the prefill and the first draft stay eager.
 
 What it serves: chains and trees of a fixed size (not `draft_tree_size="auto"`, which sizes each step anew; no
 `assistant_confidence_threshold`), greedy and sampling with processors that ignore `input_ids`, EOS, stop-string and
-`max_length` stops, batch >= 1, full-attention and sliding-window targets with eager or sdpa attention. Anything else runs on the
-general loop, said once in the log.
+`max_length` stops, batch >= 1, full-attention and sliding-window targets with eager or sdpa attention. Anything else
+runs on the general loop, said once in the log.
 """
 
 import torch
