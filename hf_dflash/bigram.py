@@ -25,6 +25,8 @@ from collections.abc import Iterable
 
 import torch
 
+from .sampling import exponential_race
+
 DEFAULTS = {"beta": 0.5, "mix": 0.9, "min_count": 2}
 
 
@@ -105,11 +107,11 @@ def conditional_chain(ids: torch.LongTensor, probs: torch.Tensor) -> tuple[torch
     return torch.stack(drafts, dim=1), probs[:, 0, 0].amax(-1)
 
 
-def sample_conditional_chain(ids: torch.LongTensor, probs: torch.Tensor, temperature: float, sample=None) -> tuple:
+def sample_conditional_chain(ids: torch.LongTensor, probs: torch.Tensor, temperature: float) -> tuple:
     """A chain drawn under `conditional_probs` ([rows, D, k, k]) at `temperature`: each position's candidate sampled
     from its probabilities under the draft before it, sharpened as the target's temperature sharpens logits
-    (softmax(log p / T)). Returns drafts [rows, D] and the distribution each was drawn from [rows, D, k] over `ids`.
-    `sample`: draws an index from each row of probabilities [rows, k] (default: `torch.multinomial`)."""
+    (softmax(log p / T)). Returns drafts [rows, D] and the distribution each was drawn from [rows, D, k] over `ids`;
+    each draw an exponential race (no host read)."""
     rows, depth, _ = ids.shape
     arange = torch.arange(rows, device=ids.device)
     choice = torch.zeros(rows, dtype=torch.long, device=ids.device)  # position 0: every row is the drafter's own
@@ -117,7 +119,7 @@ def sample_conditional_chain(ids: torch.LongTensor, probs: torch.Tensor, tempera
     for d in range(depth):
         under_parent = probs[arange, d, choice].float()  # [rows, k]
         q = torch.softmax(under_parent.clamp_min(torch.finfo(torch.float32).tiny).log() / temperature, dim=-1)
-        choice = torch.multinomial(q, 1)[:, 0] if sample is None else sample(q)
+        choice = exponential_race(q)
         drafts.append(ids[arange, d, choice])
         proposal.append(q)
     return torch.stack(drafts, dim=1), torch.stack(proposal, dim=1)

@@ -13,7 +13,7 @@ SOURCES = {"hf_dflash": ROOT / "hf_dflash", "hf_dflash.modeling": ROOT / "modeli
 # old module paths kept for existing code: each only re-exports from the new layout
 ALIASES = {"hf_dflash.hooks", "hf_dflash.tree", "hf_dflash.cost_model", "hf_dflash.data", "hf_dflash.oracle"}
 LOWER = ("hf_dflash.modeling", "hf_dflash.prompts", "hf_dflash.paths", "hf_dflash.devices", "hf_dflash.cpu_ops",
-         "hf_dflash.bigram")
+         "hf_dflash.sampling", "hf_dflash.bigram")
 HIGHER = ("hf_dflash.generation", "hf_dflash.training", "hf_dflash.bench", "hf_dflash.cli")
 
 

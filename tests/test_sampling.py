@@ -21,7 +21,7 @@ from conftest import _REAL_CHAIN, make_target
 from hf_dflash import DFlashDraftModel
 from hf_dflash.bigram import sample_conditional_chain
 from hf_dflash.generation import Decoder, DFlashProposer
-from hf_dflash.generation.decoder import exponential_race, rejection_sample
+from hf_dflash.sampling import exponential_race, rejection_sample
 
 VOCAB = 8
 PROMPT = torch.tensor([[2, 5, 3]])
@@ -213,12 +213,10 @@ def test_biased_acceptance_is_detected(target, drafter, greedy_oracle, monkeypat
     assert g > threshold
 
 
-@pytest.mark.parametrize("sample", [None, exponential_race])
-def test_rejection_step_returns_the_target_distribution(sample):
+def test_rejection_step_returns_the_target_distribution():
     """`rejection_sample` against exact arithmetic: for a fixed p and a proposal q over some candidates, the tokens
     it returns follow p, and a draft is kept with probability sum(min(p, q)); the classic bug (sampling p again
-    instead of the residual) is caught by the same test. `sample`: how a rejected draft's replacement is drawn
-    (`torch.multinomial`, or the fixed-shape path's exponential race)."""
+    instead of the residual) is caught by the same test."""
     torch.manual_seed(0)
     n, vocab = 200_000, 8
     p = F.softmax(torch.randn(vocab) * 1.5, dim=-1)
@@ -231,15 +229,15 @@ def test_rejection_step_returns_the_target_distribution(sample):
         counts = Counter({(t,): c for t, c in Counter(tokens.tolist()).items()})
         return g_test(counts, {(t,): p[t].item() for t in range(vocab)})
 
-    tokens = rejection_sample(*args, sample=sample)
+    tokens = rejection_sample(*args)
     g, threshold = distance(tokens)
     assert g < threshold
     q_full = torch.zeros(vocab).index_add_(0, ids, q)
     kept = (tokens == drafts).float().mean().item()
     assert abs(kept - torch.minimum(p, q_full).sum().item()) < 0.01
-    assert torch.equal(rejection_sample(q_full.log().expand(n, -1), *args[1:], sample=sample), drafts)  # q == p
-    batched = rejection_sample(args[0].view(n // 4, 4, vocab), *(a.view(n // 4, 4, *a.shape[1:]) for a in args[1:]),
-                               sample=sample)  # any leading shape: [rows, positions]
+    assert torch.equal(rejection_sample(q_full.log().expand(n, -1), *args[1:]), drafts)  # q == p: all kept
+    # any leading shape: [rows, positions] (the fixed-shape path rejects a whole block at once)
+    batched = rejection_sample(args[0].view(n // 4, 4, vocab), *(a.view(n // 4, 4, *a.shape[1:]) for a in args[1:]))
     assert distance(batched.view(-1))[0] < threshold
 
     def biased(scores, drafts, ids, q):  # keep with min(1, p / q), else a fresh sample of p
@@ -293,8 +291,7 @@ def test_exponential_race_draws_the_distribution():
     assert 1 not in tokens.tolist() and g < threshold
 
 
-@pytest.mark.parametrize("sample", [None, exponential_race])
-def test_sampled_chain_draws_each_draft_under_its_parent(sample):
+def test_sampled_chain_draws_each_draft_under_its_parent():
     """`sample_conditional_chain`: position 0 from its own row, each later position from the row of the candidate
     drawn before it, sharpened by the temperature; the proposal returned is the distribution actually drawn from."""
     torch.manual_seed(0)
@@ -302,7 +299,7 @@ def test_sampled_chain_draws_each_draft_under_its_parent(sample):
     ids = torch.tensor([[10, 11], [20, 21]]).expand(n, -1, -1)  # [rows, D=2, k=2]
     probs = torch.tensor([[[0.6, 0.4], [0.6, 0.4]],  # position 0: the same under every parent
                           [[0.9, 0.1], [0.2, 0.8]]])  # position 1 under candidate 0 / 1 of position 0
-    drafts, q = sample_conditional_chain(ids, probs.expand(n, -1, -1, -1), temperature, sample)
+    drafts, q = sample_conditional_chain(ids, probs.expand(n, -1, -1, -1), temperature)
 
     def sharpened(p):
         return F.softmax(torch.tensor(p).log() / temperature, dim=-1)

@@ -154,6 +154,15 @@ class OracleDrafts:
         cut = decoder.lengths[decoder.rows] + kept >= decoder.config.max_length
         self.wrong_steps += int(((kept - 1 < placed) & ~cut).sum())
 
+    def time_ceiling(self, forward) -> None:
+        """Time the ceiling's forwards after a step (`step`, set by the decoder): `forward(k)` runs one over k tokens
+        and returns its seconds, for t(1), t(the tokens the step verified) and t(a full step: the block, a tree's
+        nodes + 1; "auto": what it verified), one each, in turns, in reverse order every other step. Kept in `steps`
+        with the step's rows, tokens verified and tokens committed (all rows)."""
+        full = self.full_step or self.step["verified"]
+        sizes = sorted({1, self.step["verified"], full}, reverse=len(self.steps) % 2 == 1)
+        self.steps.append({**self.step, "full": full, "seconds": {str(k): forward(k) for k in sizes}})
+
     def record(self) -> dict:
         return {"wrong_steps": self.wrong_steps, "resyncs": list(self.resyncs), "resync_seconds": self.resync_seconds,
                 "untimed_seconds": self.untimed_seconds, "steps": list(self.steps)}
@@ -222,29 +231,25 @@ class OracleDecoder(Decoder):
         return context
 
     def time_ceiling(self) -> None:
-        """The ceiling's forwards, timed after the step on its own cache (then dropped from it): t(1), t(the tokens
-        the step verified) and t(a full step: the block, a tree's nodes + 1; "auto": what it verified), as the loop
-        verifies (a tree with a tree mask). One each, in turns, in reverse order every other step. Kept in
-        `oracle.steps` with the step's rows, tokens verified and tokens committed (all rows)."""
-        step = self.oracle.step
-        full = self.oracle.full_step or step["verified"]
-        sizes = sorted({1, step["verified"], full}, reverse=len(self.oracle.steps) % 2 == 1)
+        """The ceiling's forwards (`OracleDrafts.time_ceiling`) as the loop verifies (a tree with a tree mask) on the
+        step's own cache, then dropped from it; t(1) as plain `generate` decodes (no_grad)."""
         newest = self.newest_tokens()  # [rows]: any token costs the same
-        seconds = {}
-        for k in sizes:
+
+        def forward(k: int) -> float:
             chain = DraftTree.chain(newest[:, None].expand(-1, k))
             if self.trees and k > 1:
                 mask = tree_attention_mask(chain, self.target_mask, self.cache, self.target.dtype)
             else:
                 mask = self.verify_mask(chain)
             positions = self.next_pos[:, None] + torch.arange(k, device=self.next_pos.device)
-            # t(1) as plain `generate` decodes (no_grad), the rest as the loop verifies (inference mode)
             with contextlib.nullcontext() if k > 1 else as_plain_generate():
                 began = now(self.target.device)
                 self.target_forward(chain.tokens, mask, positions)
-                seconds[str(k)] = now(self.target.device) - began
+                seconds = now(self.target.device) - began
             self.cache.crop(-k)
-        self.oracle.steps.append({**step, "full": full, "seconds": seconds})
+            return seconds
+
+        self.oracle.time_ceiling(forward)
 
 
 class FixedShapeOracleProposer(OracleProposer, FixedShapeProposer):
@@ -279,14 +284,11 @@ class FixedShapeOracleDecoder(FixedShapeDecoder):
         return accepted
 
     def time_ceiling(self) -> None:
-        """`OracleDecoder.time_ceiling` with the path's own forward (`forward_at`): written at the slots the next
-        verification writes over first, so the cache stays as it was."""
-        step = self.oracle.step
-        full = self.oracle.full_step or step["verified"]
-        sizes = sorted({1, step["verified"], full}, reverse=len(self.oracle.steps) % 2 == 1)
+        """The ceiling's forwards (`OracleDrafts.time_ceiling`) with the path's own (compiled) forward, written at the
+        slots the next verification writes over first, so the cache stays as it was."""
         newest = self.newest_tokens()[:, None]  # [rows, 1]: any token costs the same
-        seconds = {}
-        for k in sizes:
+
+        def forward(k: int) -> float:
             tokens = newest.repeat(1, k)  # [rows, k], laid out as a verified block (a compiled graph guards strides)
             slots = self.write_index[:, :k]  # the loop's own index tensor: the compiled graph guards its kind
             slots.copy_(self.slot[:, None] + self.offsets[:k])
@@ -296,8 +298,9 @@ class FixedShapeOracleDecoder(FixedShapeDecoder):
                 self.warm.add(k)
             began = now(self.target.device)
             self.forward_at(tokens, slots)
-            seconds[str(k)] = now(self.target.device) - began
-        self.oracle.steps.append({**step, "full": full, "seconds": seconds})
+            return now(self.target.device) - began
+
+        self.oracle.time_ceiling(forward)
 
 
 def oracle_sides(oracle: OracleDrafts, path: str) -> tuple:

@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import StaticCache
 
 from ..devices import cpu_description
-from ..generation.fixed_shape import CAPACITY_STEP
+from ..generation.fixed_shape import cache_capacity
 from ..prompts import Prompt, left_padded_batch
 from ..prompts import stop_ids as target_stop_ids
 from .oracle import OracleDrafts, ceilings, oracle_generate
@@ -297,7 +297,8 @@ def benchmark(
                                                    pad_id, stop_ids)
 
                 if cache_implementation == "static":
-                    capacity = -(-(prompt_len + max_new_tokens + block) // CAPACITY_STEP) * CAPACITY_STEP
+                    # the fixed-shape path's cache ("auto" runs on the general loop: any key serves it)
+                    capacity = cache_capacity(prompt_len + max_new_tokens, block, tree if tree != "auto" else 0)
                     untimed_first(("dflash", len(inputs["input_ids"]), capacity, tree),
                                   lambda: call(oracle_drafts() if oracle else None))
                 drafts = oracle_drafts() if oracle else None
@@ -455,11 +456,10 @@ def _profile(records, method: str) -> dict:
     # a DFlash batch makes a step until its last row ends (each row's acceptance lengths: one per step it took part in)
     steps = seen if method == "plain" else sum(max(map(len, r["acceptance_lengths"])) for r in records)
     split = seen == steps
-    per_step = {f"{k}_ms": 1000 * v / max(steps, 1) if split else None for k, v in total.items()
-                if k not in ("target_prefill", "other")}
-    decoding = total["other"] + (0.0 if split else sum(v for k, v in total.items() if k not in ("target_prefill",
-                                                                                                  "other")))
+    phases = [k for k in PHASES if k != "target_prefill"]
+    other = total["other"] if split else total["other"] + sum(total[k] for k in phases)
+    per_step = {f"{k}_ms": 1000 * total[k] / max(steps, 1) if split else None for k in phases}
     return {"steps": steps, "split": split, "prefill_seconds": total["target_prefill"], **per_step,
-            "other_ms": 1000 * decoding / max(steps, 1)}
+            "other_ms": 1000 * other / max(steps, 1)}
 
 

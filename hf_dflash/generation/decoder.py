@@ -28,6 +28,7 @@ from transformers.generation import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..cpu_ops import argmax
+from ..sampling import exponential_race, rejection_sample
 from .forward_costs import now
 from .kv_cache import check_cache, gather_path, holes_allowed, keep_verified
 from .tree import DraftTree, greedy_paths, mask_one_token, tree_attention_mask
@@ -279,7 +280,7 @@ class Decoder:
             return argmax(scores)
         # A greedy draft is a point-mass proposal: sampling the target at each position and accepting while the
         # sample equals the draft is exact speculative sampling.
-        return torch.multinomial(F.softmax(scores, dim=-1), 1).squeeze(-1)
+        return exponential_race(F.softmax(scores, dim=-1))
 
     # --- commit -------------------------------------------------------------------------------------------
     def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
@@ -405,33 +406,6 @@ class Decoder:
         vocab = next(len(t) for r in per_row for t in r)
         filler = torch.full((vocab,), float("-inf"), device=self.sequences.device)
         return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
-
-
-def rejection_sample(scores: torch.Tensor, drafts: torch.LongTensor, ids: torch.LongTensor, q: torch.Tensor,
-                     sample=None):
-    """Speculative sampling's step (Leviathan et al., 2023) at positions [...] (any leading shape): `drafts` [...]
-    were drawn from `q` [..., k] over the candidates `ids` [..., k]; each is kept with probability min(1, p / q) under
-    the target's distribution p = softmax(`scores` [..., vocab]), else replaced by a token of the residual
-    max(p - q, 0), normalised. The token returned is distributed as p whatever q is; a rejected draft has residual 0,
-    so it is never returned. `sample`: draws an index from each row of probabilities (default: `torch.multinomial`)."""
-    p = F.softmax(scores, dim=-1)
-    p_draft = p.gather(-1, drafts[..., None])[..., 0]
-    q_draft = (q * (ids == drafts[..., None])).sum(-1).to(p.dtype)
-    keep = torch.rand_like(q_draft) * q_draft < p_draft
-    residual = p.scatter_add(-1, ids, -q.to(p.dtype)).clamp_min_(0)
-    total = residual.sum(-1, keepdim=True)
-    residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p)  # 0: p == q
-    flat = residual.reshape(-1, residual.shape[-1])
-    resampled = (torch.multinomial(flat, 1)[:, 0] if sample is None else sample(flat)).view(drafts.shape)
-    return torch.where(keep, drafts, resampled)
-
-
-def exponential_race(probs: torch.Tensor) -> torch.LongTensor:
-    """An index drawn from each row of `probs` [..., n] (unnormalised is fine): the argmax of p_i / E_i with E_i ~
-    Exp(1) is i with probability p_i / sum(p). The same distribution as `torch.multinomial`, in tensor ops alone (no
-    host read: the fixed-shape path)."""
-    waits = torch.empty_like(probs).exponential_().clamp_min_(torch.finfo(probs.dtype).tiny)  # 0 / 0 would win
-    return argmax(probs / waits)
 
 
 def _simple_stops(criteria, device) -> tuple:

@@ -12,8 +12,8 @@ general loop. What changes:
   the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
 - rows that stop stay in the batch, frozen (they commit nothing), instead of leaving it;
 - acceptance, the EOS, stop-string and `max_length` cut, the commit into a preallocated output buffer and the
-  acceptance record are computed on the device; sampling draws by exponential races (exact, like `multinomial`,
-  without a host read), and a chain's drafts are drawn from the drafter and rejection-sampled, as on the general loop;
+  acceptance record are computed on the device; sampling draws by exponential races (`hf_dflash.sampling`: exact,
+  like `multinomial`, without a host read), and a chain's drafts are drawn from the drafter and rejection-sampled, as on the general loop;
 - the drafter's forward and the target's verification are compiled where transformers would compile plain decoding
   (`compile_config`, `disable_compile`, a device it compiles on); the prefill and the first draft stay eager.
 
@@ -29,7 +29,8 @@ from transformers.utils import logging
 
 from ..cpu_ops import argmax
 from ..modeling.modeling_dflash import block_visibility
-from .decoder import _POSITION_FREE, DFlashGenerateOutput, exponential_race, rejection_sample
+from ..sampling import exponential_race, rejection_sample
+from .decoder import _POSITION_FREE, DFlashGenerateOutput
 from .kv_cache import row_cache, set_write_index
 from .proposer import DFlashProposer
 from .tree import DraftTree, ancestors, build_tree_on_device
@@ -39,10 +40,21 @@ logger = logging.get_logger(__name__)
 CAPACITY_STEP = 256  # cache lengths are rounded up to a multiple: one compiled graph serves lengths that differ less
 
 
+def step_span(block_size: int, tree_size: int) -> int:
+    """The most slots a step writes from its root: the block, or a tree's root and nodes."""
+    return max(block_size, 1 + tree_size if tree_size else 0)
+
+
+def cache_capacity(max_length: int, block_size: int, tree_size: int) -> int:
+    """The slots of a call's caches: room for the last step verified next to `max_length`, rounded up to
+    `CAPACITY_STEP` so that calls of nearby lengths share one shape, hence one compiled graph."""
+    return -(-(max_length + step_span(block_size, tree_size)) // CAPACITY_STEP) * CAPACITY_STEP
+
+
 def unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
-                       draft_tree_size, assistant_confidence_threshold) -> str | None:
-    """Why this call cannot run on the fixed-shape path, or None when it can."""
-    tree_size = drafter.draft_tree_size if draft_tree_size is None else draft_tree_size
+                       tree_size, assistant_confidence_threshold) -> str | None:
+    """Why this call cannot run on the fixed-shape path, or None when it can (`tree_size`: the call's, or else the
+    drafter's)."""
     threshold = drafter.assistant_confidence_threshold if assistant_confidence_threshold is None \
         else assistant_confidence_threshold
     implementation = target.config.get_text_config()._attn_implementation
@@ -101,7 +113,7 @@ class FixedShapeDecoder:
         self.processors = logits_processor or []
         self.block_size = block_size
         self.verify_width = 1 + tree_size if tree_size else block_size  # a tree's: known once it is built
-        span = max(block_size, self.verify_width)
+        span = step_span(block_size, tree_size)
         device = input_ids.device
         batch, self.prompt_len = input_ids.shape
         self.max_length = generation_config.max_length
@@ -110,9 +122,7 @@ class FixedShapeDecoder:
         self.stop_strings = [c for c in stopping_criteria or [] if type(c) is StopStringCriteria]
         pad = generation_config._pad_token_tensor
         self.pad_token_id = int(pad) if pad is not None else 0
-        # room for the last block verified next to max_length, rounded up so that calls of nearby lengths share one
-        # shape, hence one compiled graph
-        self.capacity = -(-(self.max_length + span) // CAPACITY_STEP) * CAPACITY_STEP
+        self.capacity = cache_capacity(self.max_length, block_size, tree_size)
         self.sequences = torch.full((batch, self.max_length + block_size), self.pad_token_id, dtype=torch.long,
                                     device=device)
         self.sequences[:, : self.prompt_len] = input_ids
@@ -250,7 +260,7 @@ class FixedShapeDecoder:
         slots [rows, B] (root first; past the accepted depth, any slot)."""
         scores = self.process(logits)
         if tree.proposal is not None:  # drawn drafts: each kept with probability min(1, p / q), else resampled
-            drawn = rejection_sample(scores[:, :-1], tree.tokens[:, 1:], *tree.proposal, exponential_race)
+            drawn = rejection_sample(scores[:, :-1], tree.tokens[:, 1:], *tree.proposal)
             choices = torch.cat([drawn, self.pick(scores[:, -1:])], dim=1)  # after the last draft: the target's own
         else:
             choices = self.pick(scores)  # [rows, T]: the target's token after each slot
@@ -338,7 +348,6 @@ class FixedShapeProposer(DFlashProposer):
         self.decoder = decoder
         self.cache = row_cache(drafter.config.num_hidden_layers, decoder.capacity)
         self.drafter_call, self.compiled = drafter.__call__, False
-        self.sample = exponential_race  # drawn drafts without a host read
         config = drafter.config
         self.layer_types = set(config.layer_types or ["full_attention"])
         self.sliding_window = config.sliding_window

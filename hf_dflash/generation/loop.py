@@ -130,8 +130,10 @@ def dflash_decode(
     settings = dict(num_assistant_tokens=num_assistant_tokens, draft_tree_size=draft_tree_size,
                     assistant_confidence_threshold=assistant_confidence_threshold, temperature=temperature)
     if wants_fixed_shape(generation_config, model_kwargs.get("cache")):
+        check_compatible(target, drafter)
+        settings["draft_tree_size"] = drafter.draft_tree_size if draft_tree_size is None else draft_tree_size
         reason = unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
-                                    draft_tree_size, assistant_confidence_threshold)
+                                    settings["draft_tree_size"], assistant_confidence_threshold)
         if reason is None:
             proposer_class, decoder_class = sides("fixed_shape") if sides else (FixedShapeProposer, FixedShapeDecoder)
             return _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
@@ -158,13 +160,12 @@ def dflash_decode(
 
 def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
                         generation_config, settings, proposer_class, decoder_class):
-    """`dflash_decode` on the fixed-shape path (`hf_dflash.generation.fixed_shape`)."""
-    check_compatible(target, drafter)
+    """`dflash_decode` on the fixed-shape path (`hf_dflash.generation.fixed_shape`); `settings` holds the call's
+    tree size."""
     num_drafts = settings["num_assistant_tokens"]
     block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, max(num_drafts, 0) + 1)
-    tree_size = drafter.draft_tree_size if settings["draft_tree_size"] is None else settings["draft_tree_size"]
     decoder = decoder_class(target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
-                            block_size, tree_size)
+                            block_size, settings["draft_tree_size"])
     proposer = proposer_class(target, drafter, decoder=decoder, **settings)
     with torch.inference_mode():
         fixed_shape_loop(proposer, decoder, input_ids)

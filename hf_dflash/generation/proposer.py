@@ -111,7 +111,6 @@ class DFlashProposer:
         if temperature is not None and not temperature > 0:
             raise ValueError(f"temperature={temperature!r}: sampling needs a temperature > 0.")
         self.temperature = temperature
-        self.sample = None  # how a drawn draft is drawn (None: `torch.multinomial`)
 
         device = drafter.device
         self.cache = DynamicCache()  # the drafter's: keys / values of the context, never of a block
@@ -230,7 +229,7 @@ class DFlashProposer:
         else:
             ids, probs = self.draft_candidates(decoder, verify_len, min(SAMPLED_CANDIDATES, self.draft_vocab_size))
             probs = probs[:, :, None, :].expand(-1, -1, probs.shape[-1], -1)  # the same under every parent
-        drafts, q = sample_conditional_chain(ids, probs, self.temperature, self.sample)
+        drafts, q = sample_conditional_chain(ids, probs, self.temperature)
         return drafts, probs[:, 0, 0].amax(-1), (ids, q)
 
     def draft_candidates(self, decoder, verify_len: int, k: int) -> tuple:
