@@ -13,7 +13,7 @@ tables and writes OUTPUT_DIR/{general,fixed,oracle}/bench_results.json and OUTPU
 one H100 / H200.
 
     python examples/fixed_shape_cuda.py --shape tiny --device cpu --dtype float32   # the same code path on a CPU
-    # (tests/test_layout.py runs that with --backend eager: compiling with inductor takes minutes on a CPU)
+    # (tests/test_bench.py runs that with --backend eager: compiling with inductor takes minutes on a CPU)
 """
 
 import argparse
