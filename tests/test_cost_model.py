@@ -9,7 +9,13 @@ import torch
 from conftest import ForwardCounter, left_padded, make_drafter, make_target
 from hf_dflash.generation import forward_costs
 from hf_dflash.generation.auto_size import NodeCalibration, choose_tree_size
-from hf_dflash.generation.forward_costs import ForwardCosts, LoopCosts, load_forward_costs, measure_forward_costs
+from hf_dflash.generation.forward_costs import (
+    ForwardCosts,
+    LoopCosts,
+    StepCosts,
+    load_forward_costs,
+    measure_forward_costs,
+)
 from hf_dflash.generation.tree import DraftTree
 from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
@@ -46,6 +52,45 @@ def test_chooser_on_synthetic_curves():
     assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP, overhead=0.05) == 1
     # a batch shares one tree size: the rows' expectations add up
     assert choose_tree_size(torch.cat([unsure, sure[:, :4]]), CPU) == 1  # 3.1 tokens in 1.5 steps > 2 in 1
+
+
+def test_chooser_on_a_menu_and_live_rows():
+    """The fixed-shape path chooses among a few sizes, and its stopped rows (still in the batch) do not count."""
+    sure = torch.tensor([[0.9, 0.81, 0.73, 0.3, 0.2, 0.1, 0.05, 0.01]], dtype=torch.float64)
+    assert choose_tree_size(sure, FLAT, sizes=(0, 3, 7)) == 7
+    assert choose_tree_size(sure, FLAT, sizes=(0, 3)) == 3
+    assert choose_tree_size(sure, FLAT, sizes=(0, 3, 15)) == 3  # a size past the tree's is not one
+    assert choose_tree_size(sure, CPU, sizes=(0, 3, 7)) == 3  # 1 would be best (above); 3 still beats none
+    unsure = torch.tensor([[0.2, 0.1, 0.05, 0.02]] + [[0.0] * 4] * 3, dtype=torch.float64)
+    sure = torch.tensor([[0.9, 0.81, 0.73, 0.3]] * 4, dtype=torch.float64)
+    assert choose_tree_size(sure, CPU) == 1  # 4 sure rows: their first draft pays
+    # only the unsure row is live: no drafts pay, as for it alone
+    assert choose_tree_size(sure, CPU, live=torch.tensor([False, True, False, False])) == 1
+    assert choose_tree_size(unsure, CPU, live=torch.tensor([True, False, False, False])) == 0
+    mixed = torch.cat([unsure[:1], sure[:3]])
+    assert choose_tree_size(mixed, CPU) == 1
+    assert choose_tree_size(mixed, CPU, live=torch.tensor([True, False, False, False])) == 0
+
+
+def test_step_costs_learn_each_width_from_the_call_s_steps():
+    costs = StepCosts(CPU)
+    assert costs(8) == CPU(8) and costs.overhead == 0
+    clock = 0.0
+    # the first two steps compile (the drafter's second draft), and so does the first at each width
+    for width, seconds in [(16, 50.0), (16, 40.0), (16, 0.2), (16, 0.2), (4, 30.0), (4, 0.1), (16, 0.2), (4, 0.1)]:
+        costs.step_begins(width, clock)
+        clock += seconds
+    costs.step_begins(1, clock)
+    assert costs.seconds[16] == pytest.approx([0.2] * 3) and costs.seconds[4] == pytest.approx([0.1] * 2)
+    assert costs.seconds[1] == []  # the step under way
+    assert costs(16) == pytest.approx(0.2) and costs(4) == pytest.approx(0.1)
+    # a width not measured: the curve, scaled as the measured widths are (0.3 s where the curve says 0.15)
+    assert costs(8) == pytest.approx(CPU(8) * 0.3 / (CPU(16) + CPU(4)))
+    costs.step_begins(4, clock + 0.1)
+    costs.step_begins(4, clock + 5.1)  # the median shrugs off one stalled step
+    assert len(costs.seconds[4]) == 3
+    assert costs(1) == pytest.approx(CPU(1) * (0.2 + 0.1) / (CPU(16) + CPU(4)))
+    assert costs(4) == pytest.approx(0.1)
 
 
 def run_steps(costs: LoopCosts, steps) -> None:
@@ -120,10 +165,16 @@ def test_node_calibration_tempers_an_overconfident_drafter():
     assert choose_tree_size(tree.scores, gentle) == 2  # 2.7 tokens in 1.3 steps
     assert choose_tree_size(calibration(tree), gentle) == 1  # the deep node stopped paying
     # a batch of two rows: one accepted slots 1 and 2, the other nothing
-    calibration.update(DraftTree(tree.tokens.repeat(2, 1), tree.parents.repeat(2, 1), tree.depths.repeat(2, 1),
-                                 tree.scores.repeat(2, 1)), torch.tensor([[0, 1, 2], [0, 0, 0]]), torch.tensor([2, 0]))
+    two = DraftTree(tree.tokens.repeat(2, 1), tree.parents.repeat(2, 1), tree.depths.repeat(2, 1),
+                    tree.scores.repeat(2, 1))
+    calibration.update(two, torch.tensor([[0, 1, 2], [0, 0, 0]]), torch.tensor([2, 0]))
     assert calibration.observed.tolist() == [17, 1, 0]
     assert calibration.nodes.tolist() == [36, 18, 0]
+    # a stopped row (the fixed-shape path keeps it in the batch) adds nothing
+    both = torch.tensor([[0, 1, 2], [0, 1, 2]])
+    calibration.update(two, both, torch.tensor([2, 2]), live=torch.tensor([False, True]))
+    assert calibration.observed.tolist() == [18, 2, 0]
+    assert calibration.nodes.tolist() == [38, 19, 0]
 
 
 def test_measure_and_cache(costs_dir, monkeypatch):

@@ -1,13 +1,18 @@
 """The fixed-shape path (`cache_implementation="static"`): the same tokens as plain `generate`, the same distribution
 when sampling, one compiled graph for every step, and the general loop wherever it cannot serve a call."""
 
+import itertools
+
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList
 
 from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
-from hf_dflash.generation import loop
+from hf_dflash.generation import auto_size, loop
+from hf_dflash.generation.auto_size import AutoTreeSize
+from hf_dflash.generation.forward_costs import ForwardCosts
+from test_cost_model import FLAT, STEEP
 from test_sampling import SAMPLES, exact_distribution, g_test
 from test_sampling import drafter, greedy_oracle, target  # noqa: F401 (fixtures: test_sampling's 8-token target)
 from test_tree import PROBS, calibrated_oracle, draw_tree, tree_oracle  # noqa: F401 (fixtures)
@@ -132,7 +137,6 @@ class NeverStop(StoppingCriteria):
 
 
 @pytest.mark.parametrize("setting, reason", [
-    (dict(draft_tree_size="auto"), "draft_tree_size='auto'"),
     (dict(assistant_confidence_threshold=0.5), "assistant_confidence_threshold=0.5"),
     (dict(repetition_penalty=1.3), "RepetitionPenaltyLogitsProcessor"),
     (dict(stopping_criteria=StoppingCriteriaList([NeverStop()])), "custom criteria"),
@@ -283,3 +287,66 @@ def test_dflash2_trees(monkeypatch):
     fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
                            draft_tree_size=7, **STATIC)
     assert runs == ["fixed"] and torch.equal(fast, plain)
+
+
+# --- "auto" ----------------------------------------------------------------------------------------------------
+
+
+def with_costs(monkeypatch, costs):
+    monkeypatch.setattr(auto_size, "load_forward_costs", lambda target, batch_size: costs)
+
+
+@pytest.mark.parametrize("costs, size", [(FLAT, 7), (STEEP, 0)])
+def test_auto_sizes_steps_by_the_cost_curve(costs, size, monkeypatch):
+    """A flat curve (a GPU): the widest tree "auto" may build, two candidates a depth at block 4; a curve where
+    k tokens cost k one-token steps: none, as the random drafter's drafts are unsure. Plain's tokens either way."""
+    runs = loops_run(monkeypatch)
+    with_costs(monkeypatch, ForwardCosts(costs.tokens, tuple(100 * t for t in costs.seconds)))  # beyond real steps'
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(3)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
+                          draft_tree_size="auto", return_dict_in_generate=True, **STATIC)
+    assert runs == ["fixed"]
+    assert torch.equal(out.sequences, plain)
+    assert {n for row in out.draft_lengths for n in row} == {size}
+
+
+@pytest.mark.parametrize("arch, batch", [("qwen3", 1), ("gemma3", 3)])
+def test_auto_changes_the_width_between_steps(arch, batch, tree_oracle, monkeypatch):
+    """Each step verifies another of the menu's sizes (0: the root alone), compiled with fullgraph=True, every width
+    before the first step (no step recompiles: a tree's tensors must have a new one's strides, also with one row):
+    plain's tokens, rows whose paths run through runner-ups, and each step's size in the record."""
+    sizes = itertools.cycle((3, 0, 7, 15, 1))
+    with_costs(monkeypatch, FLAT)
+    monkeypatch.setattr(AutoTreeSize, "choose", lambda self, tree, live=None: next(sizes))
+    monkeypatch.setattr(auto_size, "tree_size_menu", lambda widest: (0, 1, 3, 7, 15))
+    torch._dynamo.reset()
+    target = make_target(arch)
+    drafter = make_drafter(target, block_size=5)
+    ids, mask = left_padded(batch)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
+    tree_oracle({0: [1, 0, 2, 0], 1: [0, 0, 1, None], 2: [2, 1]})
+    compile_config = CompileConfig(backend="aot_eager", fullgraph=True, mode=None)
+    compile_config._compile_all_devices = True
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, assistant_model=drafter,
+                              draft_tree_size="auto", compile_config=compile_config, return_dict_in_generate=True,
+                              **STATIC)
+    assert torch.equal(out.sequences, plain)
+    assert out.draft_lengths[0][:10] == [3, 0, 7, 15, 1] * 2
+    assert max(out.acceptance_lengths[0]) >= 3
+
+
+def test_auto_reads_the_device_once_per_step(monkeypatch):
+    """The choice is the step's one read of the device (the stop flags: a copy made the step before)."""
+    with_costs(monkeypatch, FLAT)
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(3)
+    with HostReads() as counter:
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, assistant_model=drafter,
+                              draft_tree_size="auto", return_dict_in_generate=True, **STATIC)
+    steps = max(len(row) for row in out.acceptance_lengths)
+    assert steps >= 20 and counter.count <= 2 * steps + 10  # the choice and the flags' copy, a few for the rest

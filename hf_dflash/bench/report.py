@@ -79,7 +79,7 @@ def to_markdown(results: dict) -> str:
                      ", ".join(f"{1000 * v:.1f} ({k})" for k, v in verified.items()),
                      f"{o['speedup']:.2f}x", f"{o['decode_speedup']:.2f}x", f"{o['ceiling']:.2f}x", f"{o['ratio']:.2f}",
                      f"{o['steps_ceiling']:.2f}x", f"{o['steps_ratio']:.2f}",
-                     f"{o['calls_ratio']:.2f}" if "calls_ratio" in o else "-",  # not in runs before 2026-12-04
+                     f"{o['calls_ratio']:.2f}" if o.get("calls_ratio") else "-",  # none compiled, nor before 2026-12-04
                      f"{o['best_plain_ratio']:.2f}" if "best_plain_ratio" in o else "-"]  # nor before 2026-12-06
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     head = ["set", "batch", "mode", "block", "tree", "plain: target fwd", "plain: other", "dflash: target verify",

@@ -22,7 +22,8 @@ import torch
 from transformers.cache_utils import StaticCache
 
 from ..devices import cpu_description
-from ..generation.fixed_shape import cache_capacity
+from ..generation.auto_size import fixed_shape_auto
+from ..generation.kv_cache import cache_capacity
 from ..prompts import Prompt, left_padded_batch
 from ..prompts import stop_ids as target_stop_ids
 from .oracle import OracleDrafts, ceilings, oracle_generate
@@ -297,8 +298,10 @@ def benchmark(
                                                    pad_id, stop_ids)
 
                 if cache_implementation == "static":
-                    # the fixed-shape path's cache ("auto" runs on the general loop: any key serves it)
-                    capacity = cache_capacity(prompt_len + max_new_tokens, block, tree if tree != "auto" else 0)
+                    # the fixed-shape path's cache: "auto"'s holds the widest tree it may choose
+                    widest = fixed_shape_auto(target, len(inputs["input_ids"]), block).max_nodes if tree == "auto" \
+                        else tree
+                    capacity = cache_capacity(prompt_len + max_new_tokens, block, widest)
                     untimed_first(("dflash", len(inputs["input_ids"]), capacity, tree),
                                   lambda: call(oracle_drafts() if oracle else None))
                 drafts = oracle_drafts() if oracle else None
@@ -383,7 +386,9 @@ def _oracle_summary(run: dict) -> dict:
         "speedup": s["speedup"], "decode_speedup": plain / dflash, "ceiling": limit, "ratio": plain / dflash / limit,
         "best_plain_ratio": best / dflash / limit,
         "ratio_with_prefill": s["speedup"] / limit, "steps_ceiling": own, "steps_ratio": plain / dflash / own,
-        "calls_ceiling": forwards[0] / forwards[1], "calls_ratio": plain / dflash * forwards[1] / forwards[0],
+        # compiled forwards run no timing hooks (the fixed-shape path's): no calls' ratio then
+        "calls_ceiling": forwards[0] / forwards[1] if forwards[1] else None,
+        "calls_ratio": plain / dflash * forwards[1] / forwards[0] if forwards[1] else None,
         "forward_seconds": mean,  # each size's mean over the steps that timed it
         "wrong_steps": sum(r["oracle"]["wrong_steps"] for r in records),
         "resyncs": sum(len(r["oracle"]["resyncs"]) for r in records),

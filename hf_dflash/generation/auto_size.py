@@ -9,27 +9,41 @@ nodes n that maximises expected committed tokens per second,
 where E[accepted] is the sum of the nodes' path probabilities (the probability that a node is on the accepted path,
 if the drafter is calibrated; `NodeCalibration` corrects them per depth by what the call has seen so far), t and the
 rest of a step as the call's own steps measure them (`hf_dflash.generation.forward_costs.LoopCosts`), and n = 0 is a
-one-token step.
+one-token step. On the fixed-shape path (`hf_dflash.generation.fixed_shape`) n is one of a few sizes, each a
+compiled shape (`tree_size_menu`), and t is a whole step's time at that width (`forward_costs.StepCosts`).
 """
 
 import torch
 
+from .forward_costs import StepCosts, load_forward_costs
 from .tree import DraftTree
 
 
-def choose_tree_size(scores: torch.Tensor, costs, overhead: float = 0.0) -> int:
+def choose_tree_size(scores: torch.Tensor, costs, overhead: float = 0.0, sizes=None,
+                     live: torch.BoolTensor | None = None) -> int:
     """The number of draft nodes n (0 = none) maximising expected committed tokens per second for a batch whose
     rows verify the first n nodes of their best-first trees; `scores` [rows, N]: the nodes' path probabilities,
     best first (`DraftTree.scores`). Every row commits its accepted drafts plus the target's own token. `costs`: t(k)
-    (`ForwardCosts`, `LoopCosts`); `overhead`: the seconds a step spends besides its verification."""
-    rows, size = scores.shape
-    expected = scores.double().sum(0).cumsum(0).tolist()  # accepted drafts over the rows with n = 1..N nodes
-    best, best_rate = 0, rows / (costs(1) + overhead)
-    for n in range(1, size + 1):
-        rate = (rows + expected[n - 1]) / (costs(n + 1) + overhead)
-        if rate > best_rate:
+    (`ForwardCosts`, `LoopCosts`, `StepCosts`); `overhead`: the seconds a step spends besides its verification;
+    `sizes`: the n to choose from (default: 0..N); `live` [rows]: the rows that commit (default: all). The device is
+    read once."""
+    weights = (torch.ones(len(scores)) if live is None else live).to(scores.device, scores.dtype)
+    summed = (scores * weights[:, None]).sum(0).cumsum(0)  # accepted drafts over the rows with n = 1..N nodes
+    rows, *expected = torch.cat([weights.sum()[None], summed]).tolist()
+    best, best_rate = None, 0.0
+    for n in range(len(expected) + 1) if sizes is None else (n for n in sizes if n <= len(expected)):
+        rate = (rows + (expected[n - 1] if n else 0.0)) / (costs(n + 1) + overhead)
+        if best is None or rate > best_rate:
             best, best_rate = n, rate
     return best
+
+
+def tree_size_menu(max_nodes: int) -> tuple[int, ...]:
+    """The sizes "auto" chooses from on the fixed-shape path, whose every verification width is a compiled shape:
+    trees whose width (root and nodes) is a power of two, up to `max_nodes`, and 0 (a one-token step). Widths in
+    between would gain little: on a GPU t(k) is about flat up to 32 tokens, on a CPU t(16) / t(8) is 1.05-1.2
+    (docs/design.md), while each width costs a compile."""
+    return (0, *(2**i - 1 for i in range(2, max_nodes.bit_length() + 2) if 2**i - 1 <= max_nodes))
 
 
 class NodeCalibration:
@@ -44,48 +58,72 @@ class NodeCalibration:
     40 steps of a slot scored 0.01 would scale it by 2.4)."""
 
     def __init__(self, max_depth: int, prior_steps: float = 4.0):
-        self.predicted = torch.zeros(max_depth, dtype=torch.float64)  # summed scores of the nodes at depths 1..
-        self.observed = torch.zeros(max_depth, dtype=torch.float64)  # how many of them were on the accepted path
-        self.nodes = torch.zeros(max_depth, dtype=torch.float64)  # how many were verified
+        self.max_depth = max_depth
+        self.predicted = self.observed = self.nodes = None  # per depth 1..: summed scores, hits, verified nodes
         self.prior_steps = prior_steps
 
-    def update(self, tree: DraftTree, path: torch.LongTensor, accepted: torch.LongTensor) -> None:
+    def update(self, tree: DraftTree, path: torch.LongTensor, accepted: torch.LongTensor,
+               live: torch.BoolTensor | None = None) -> None:
         """`tree`: a verified tree with scores [rows, N]; `path` [rows, L]: its accepted slots (root first) and
-        `accepted` [rows] how many drafts each row accepted."""
-        rows, size = tree.scores.shape
-        on_path = torch.zeros(rows, size + 1, dtype=torch.float64)
-        depth = torch.arange(path.shape[1])
-        on_path.scatter_(1, path.cpu(), (depth <= accepted.cpu()[:, None]).double())
-        index = tree.depths[:, 1:].cpu().reshape(-1) - 1
-        self.predicted.index_add_(0, index, tree.scores.cpu().double().reshape(-1))
-        self.observed.index_add_(0, index, on_path[:, 1:].reshape(-1))
-        self.nodes.index_add_(0, index, torch.ones_like(index, dtype=torch.float64))
+        `accepted` [rows] how many drafts each row accepted; `live` [rows]: the rows that count (default: all). On the
+        scores' device, without a host read."""
+        scores = tree.scores
+        device = scores.device
+        dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+        if self.predicted is None:
+            self.predicted, self.observed, self.nodes = (
+                torch.zeros(self.max_depth, dtype=dtype, device=device) for _ in range(3))
+        rows, size = scores.shape
+        weight = torch.ones(rows, dtype=dtype, device=device) if live is None else live.to(device, dtype)
+        on_path = torch.zeros(rows, size + 1, dtype=dtype, device=device)
+        depth = torch.arange(path.shape[1], device=device)
+        on_path.scatter_(1, path.to(device), (depth <= accepted.to(device)[:, None]).to(dtype))
+        index = tree.depths[:, 1:].to(device).reshape(-1) - 1
+        self.predicted.index_add_(0, index, (scores.to(dtype) * weight[:, None]).reshape(-1))
+        self.observed.index_add_(0, index, (on_path[:, 1:] * weight[:, None]).reshape(-1))
+        self.nodes.index_add_(0, index, weight[:, None].expand(-1, size).reshape(-1))
 
     def __call__(self, tree: DraftTree) -> torch.Tensor:
         """The scores [rows, N] of `tree`'s nodes, each scaled by its depth's observed / predicted (shrunk), at
         most 1."""
+        scores = tree.scores
+        if self.predicted is None:
+            return scores
         prior = self.prior_steps * self.predicted / self.nodes.clamp(min=1)  # prior_steps x the depth's mean score
         factor = torch.where(self.nodes > 0, (self.observed + prior) / (self.predicted + prior).clamp(min=1e-12), 1.0)
-        scores = tree.scores
-        return (scores * factor[tree.depths[:, 1:].cpu() - 1].to(scores.device, scores.dtype)).clamp(max=1.0)
+        depth = tree.depths[:, 1:].to(factor.device) - 1
+        return (scores * factor[depth].to(scores.device, scores.dtype)).clamp(max=1.0)
 
 
 class AutoTreeSize:
     """The "auto" policy of one `generate` call: `choose` the drafts a step's best-first tree verifies from the
-    call's `LoopCosts` (timed by the decoder) and the nodes' calibrated scores; `update` the calibration after each
-    verification."""
+    call's costs (`LoopCosts`, timed by the decoder, or on the fixed-shape path `StepCosts`) and the nodes'
+    calibrated scores, among `sizes` (default: any); `update` the calibration after each verification."""
 
-    def __init__(self, costs, max_depth: int):
+    def __init__(self, costs, max_depth: int, sizes: tuple[int, ...] | None = None):
         self.costs = costs
         self.calibration = NodeCalibration(max_depth)
+        self.sizes = sizes
 
     @property
     def max_nodes(self) -> int:
-        """The largest tree worth building: the largest verification the cost curve covers, less its root."""
-        return self.costs.curve.max_tokens - 1
+        """The largest tree worth building: the largest verification the cost curve covers, less its root (or the
+        largest of `sizes`)."""
+        return max(self.sizes) if self.sizes else self.costs.curve.max_tokens - 1
 
-    def choose(self, tree: DraftTree) -> int:
-        return choose_tree_size(self.calibration(tree), self.costs, self.costs.overhead)
+    def choose(self, tree: DraftTree, live: torch.BoolTensor | None = None) -> int:
+        return choose_tree_size(self.calibration(tree), self.costs, self.costs.overhead, self.sizes, live)
 
-    def update(self, tree: DraftTree, path: torch.LongTensor, accepted: torch.LongTensor) -> None:
-        self.calibration.update(tree, path, accepted)
+    def update(self, tree: DraftTree, path: torch.LongTensor, accepted: torch.LongTensor,
+               live: torch.BoolTensor | None = None) -> None:
+        self.calibration.update(tree, path, accepted, live)
+
+
+def fixed_shape_auto(target, batch_size: int, block_size: int) -> AutoTreeSize:
+    """The "auto" policy of a fixed-shape call: each step's size chosen among `tree_size_menu`'s, by the steps' own
+    costs (`StepCosts`, from the target's timed forward curve until the call has measured them)."""
+    curve = load_forward_costs(target, batch_size=batch_size)
+    # Every step builds the widest tree, whichever size it then verifies, and the choice does not see that cost: the
+    # widest is held to two candidates a depth (docs/design.md: 31 nodes were slower than 15 at block 8 on a CPU)
+    widest = min(curve.max_tokens, 2 * block_size) - 1
+    return AutoTreeSize(StepCosts(curve), max_depth=block_size - 1, sizes=tree_size_menu(widest))

@@ -1,5 +1,5 @@
-"""The fixed-shape decoding path: every step has the same shapes, so it compiles once, and the host reads the device
-once per step, one step late.
+"""The fixed-shape decoding path: every step has the same shapes (with "auto", one of a few), so it compiles once, and
+the host reads the device once per step (without "auto", one step late).
 
 `generate(..., cache_implementation="static")` asks for it, as it asks plain `generate` for a static cache; where
 the call's settings allow it (`unsupported_reason` is None) `dflash_decode` runs `fixed_shape_loop` instead of the
@@ -10,57 +10,48 @@ general loop. What changes:
 - the drafter's context is the whole verified block, its rejected slots masked, instead of the accepted prefix;
 - a tree of drafts (`draft_tree_size=N`) is built on the device (`tree.build_tree_on_device`: always N nodes), and
   the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
+- `draft_tree_size="auto"` builds the widest tree it may choose and verifies its best n nodes, n one of a few sizes
+  (`auto_size.tree_size_menu`), each a width compiled before the first step (`warm_up`); choosing n is the step's
+  one read of the device;
 - rows that stop stay in the batch, frozen (they commit nothing), instead of leaving it;
 - acceptance, the EOS, stop-string and `max_length` cut, the commit into a preallocated output buffer and the
   acceptance record are computed on the device; sampling draws by exponential races (`hf_dflash.sampling`: exact,
-  like `multinomial`, without a host read), and a chain's drafts are drawn from the drafter and rejection-sampled, as on the general loop;
+  like `multinomial`, without a host read), and a chain's drafts are drawn from the drafter and rejection-sampled,
+  as on the general loop;
 - the drafter's forward and the target's verification are compiled where transformers would compile plain decoding
   (`compile_config`, `disable_compile`, a device it compiles on); the prefill and the first draft stay eager.
 
-What it serves: chains and trees of a fixed size (not `draft_tree_size="auto"`, which sizes each step anew; no
-`assistant_confidence_threshold`), greedy and sampling with processors that ignore `input_ids`, EOS, stop-string and
-`max_length` stops, batch >= 1, full-attention and sliding-window targets with eager or sdpa attention. Anything else
-runs on the general loop, said once in the log.
+What it serves: chains, trees and "auto" (no `assistant_confidence_threshold`), greedy and sampling with processors
+that ignore `input_ids`, EOS, stop-string and `max_length` stops, batch >= 1, full-attention and sliding-window
+targets with eager or sdpa attention. Anything else runs on the general loop, said once in the log.
 """
 
+import time
+
 import torch
-from transformers.generation import CompileConfig, EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
+from transformers.generation import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 from transformers.utils import logging
 
 from ..cpu_ops import argmax
 from ..modeling.modeling_dflash import block_visibility
 from ..sampling import exponential_race, rejection_sample
+from .auto_size import AutoTreeSize
+from .compiling import compile_config_for, compiled_call
 from .decoder import _POSITION_FREE, DFlashGenerateOutput
-from .kv_cache import row_cache, set_write_index
+from .kv_cache import cache_capacity, row_cache, set_write_index, step_span
 from .proposer import DFlashProposer
 from .tree import DraftTree, ancestors, build_tree_on_device
 
 logger = logging.get_logger(__name__)
 
-CAPACITY_STEP = 256  # cache lengths are rounded up to a multiple: one compiled graph serves lengths that differ less
-
-
-def step_span(block_size: int, tree_size: int) -> int:
-    """The most slots a step writes from its root: the block, or a tree's root and nodes."""
-    return max(block_size, 1 + tree_size if tree_size else 0)
-
-
-def cache_capacity(max_length: int, block_size: int, tree_size: int) -> int:
-    """The slots of a call's caches: room for the last step verified next to `max_length`, rounded up to
-    `CAPACITY_STEP` so that calls of nearby lengths share one shape, hence one compiled graph."""
-    return -(-(max_length + step_span(block_size, tree_size)) // CAPACITY_STEP) * CAPACITY_STEP
-
-
 def unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
                        tree_size, assistant_confidence_threshold) -> str | None:
     """Why this call cannot run on the fixed-shape path, or None when it can (`tree_size`: the call's, or else the
     drafter's)."""
-    threshold = drafter.assistant_confidence_threshold if assistant_confidence_threshold is None \
-        else assistant_confidence_threshold
+    default = 0.0 if tree_size == "auto" else drafter.assistant_confidence_threshold  # as `DFlashProposer`'s
+    threshold = default if assistant_confidence_threshold is None else assistant_confidence_threshold
     implementation = target.config.get_text_config()._attn_implementation
-    if tree_size == "auto":
-        return "draft_tree_size='auto', which sizes every step anew (pass a whole number of nodes, or 0 for chains)"
-    if not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0:
+    if tree_size != "auto" and (not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0):
         return f"draft_tree_size={tree_size!r}"  # the general loop says what is wrong with it
     if threshold:
         return f"assistant_confidence_threshold={threshold!r} (pass 0)"
@@ -78,25 +69,6 @@ def unsupported_reason(target, drafter, generation_config, logits_processor, sto
                                                       generation_config.output_logits):
         return "output_scores / output_logits"
     return None
-
-
-def compile_config_for(target, cache, generation_config) -> CompileConfig | None:
-    """The compile settings where transformers would compile plain decoding with `cache` (its `compile_config`,
-    `disable_compile` and device rules), else None."""
-    if not target._valid_auto_compile_criteria({"cache": cache}, generation_config):
-        return None
-    return generation_config.compile_config or CompileConfig()
-
-
-def compiled_call(model, compile_config: CompileConfig | None):
-    """`model`'s call compiled with `compile_config` (kept on the model across calls), or as it is with None."""
-    if compile_config is None:
-        return model.__call__
-    settings = compile_config.to_dict()
-    kept = model.__dict__.get("_hf_dflash_compiled")
-    if kept is None or kept[0] != settings:
-        model._hf_dflash_compiled = kept = (settings, torch.compile(model.__call__, **settings))
-    return kept[1]
 
 
 class FixedShapeDecoder:
@@ -134,6 +106,7 @@ class FixedShapeDecoder:
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.record = torch.zeros(batch, self.max_length - self.prompt_len + 1, dtype=torch.long, device=device)
         self.steps = 0
+        self.widths = []  # each step's verification width, on the host ("auto" chooses it there)
         text_config = target.config.get_text_config()
         self.cache = row_cache(text_config.num_hidden_layers, self.capacity)
         self.sliding_window = getattr(text_config, "sliding_window", None)
@@ -144,7 +117,8 @@ class FixedShapeDecoder:
         self.write_index = torch.zeros(batch, span, dtype=torch.long, device=device)  # its first W: a step's slots
         self.offsets = torch.arange(span, device=device)
         self.family = None  # the verified tree's [rows, T, T] ancestry (`tree.ancestors`)
-        self.verify_call, self.compile_config = target.__call__, None
+        self.compile_config = None
+        self.verify_calls = {}  # width -> the target's (compiled) call
         self.rows = torch.arange(batch, device=device)  # every row stays: the decoder's rows never change
 
     @property
@@ -176,10 +150,33 @@ class FixedShapeDecoder:
                           attention_mask=self._masks(slots, self.target.dtype), cache=self.cache, use_cache=True,
                           output_hidden_states=True, logits_to_keep=1)
         self.compile_config = compile_config_for(self.target, self.cache, self.config)
-        self.verify_call = compiled_call(self.target, self.compile_config)
         tokens = self.choose(out.logits[:, -1:])  # [rows, 1]
         self.commit(tokens, torch.ones_like(self.lengths), record=False)
         return out
+
+    def verify_call(self, width: int):
+        """The target's call for a verification of `width` tokens: compiled (`compiled_call`), one function a width."""
+        call = self.verify_calls.get(width)
+        if call is None:
+            call = self.verify_calls[width] = compiled_call(self.target, self.compile_config, key=width)
+        return call
+
+    def warm_up(self, widths) -> None:
+        """Run the (compiled) verification once at each of `widths` it has not run at yet with these shapes, at the
+        slots the first step writes over first: "auto" may choose any of them at any step, and a width compiled in
+        the middle of a generation would stall it (tens of seconds on a CPU)."""
+        if self.compile_config is None:
+            return
+        newest = self.newest_tokens()[:, None]  # [rows, 1]: any token costs the same
+        for width in widths:
+            warm = vars(self.verify_call(width)).setdefault("_hf_dflash_warm", set())  # the shapes it has run
+            key = (len(self.slot), self.capacity, self.target.dtype)
+            if key not in warm:
+                slots = self.write_index[:, :width]  # the loop's own index tensor: the compiled graph guards its kind
+                slots.copy_(self.slot[:, None] + self.offsets[:width])
+                set_write_index(self.cache, slots)
+                self.forward_at(newest.repeat(1, width), slots)
+                warm.add(key)
 
     def prompt_slots(self, rows: int) -> torch.LongTensor:
         return torch.arange(self.prompt_len, device=self.slot.device).expand(rows, -1)
@@ -187,13 +184,14 @@ class FixedShapeDecoder:
     def verify_forward(self, tree: DraftTree):
         """The target over `tree` [rows, T] (the root, then its drafts) at each row's slots."""
         self.verify_width = width = tree.tokens.shape[1]
+        self.widths.append(width)
         query_slots = self.write_index[:, :width]  # [rows, T]: a view of one buffer, the same every step
         query_slots.copy_(self.slot[:, None] + self.offsets[:width])
         set_write_index(self.cache, query_slots)
         if tree.is_chain:
             return self.forward_at(tree.tokens, query_slots)
         self.family = ancestors(tree, max_depth=self.block_size - 1)
-        return self.verify_call(input_ids=tree.tokens, position_ids=self.next_pos[:, None] + tree.depths,
+        return self.verify_call(width)(input_ids=tree.tokens, position_ids=self.next_pos[:, None] + tree.depths,
                                 attention_mask=self._tree_masks(tree, self.target.dtype), cache=self.cache,
                                 use_cache=True, output_hidden_states=True)
 
@@ -222,7 +220,7 @@ class FixedShapeDecoder:
     def forward_at(self, tokens: torch.LongTensor, query_slots: torch.LongTensor):
         """The (compiled) target forward over `tokens` [rows, Q] at `query_slots` [rows, Q], writing the cache where
         its layers' write index says."""
-        return self.verify_call(input_ids=tokens, position_ids=query_slots - self.pads[:, None],
+        return self.verify_call(tokens.shape[1])(input_ids=tokens, position_ids=query_slots - self.pads[:, None],
                                 attention_mask=self._masks(query_slots, self.target.dtype), cache=self.cache,
                                 use_cache=True, output_hidden_states=True)
 
@@ -245,14 +243,14 @@ class FixedShapeDecoder:
 
     def accept(self, logits: torch.Tensor, tree: DraftTree) -> tuple:
         """Verify `tree` against the target's `logits` [rows, T, vocab]; commit. Returns the slots [rows, B] that
-        now hold the verified block, or the tree's path from its root (the drafter's next context), and that path
-        [rows, B] of tree slots (None for a chain)."""
+        now hold the verified block, or the tree's path from its root (the drafter's next context), that path
+        [rows, B] of tree slots (None for a chain), and how many tokens each row kept before any stop [rows]."""
         tokens, kept, path = self.verify(logits, tree)
         if path is not None:
             self.keep_path(path)
         written = self.slot[:, None] + self.offsets[: self.block_size]
         self.slot = self.slot + self.commit(tokens, kept)
-        return written, path
+        return written, path, kept
 
     def verify(self, logits: torch.Tensor, tree: DraftTree) -> tuple:
         """The target's tokens [rows, B] along each row's accepted path and after it, how many of them each row keeps
@@ -334,7 +332,7 @@ class FixedShapeDecoder:
         acceptance = [[n for n in row if n] for row in record]
         return DFlashGenerateOutput(
             sequences=sequences, acceptance_lengths=acceptance,
-            draft_lengths=[[self.verify_width - 1] * len(row) for row in acceptance],
+            draft_lengths=[[width - 1 for width, n in zip(self.widths, row) if n] for row in record],
         )
 
 
@@ -343,9 +341,12 @@ class FixedShapeProposer(DFlashProposer):
     decoder's slots, whose context is each verified block (its rejected slots masked), and whose forward is compiled
     from the second draft on (the first reads the whole prompt)."""
 
-    def __init__(self, target, drafter, *, decoder: FixedShapeDecoder, **settings):
+    def __init__(self, target, drafter, *, decoder: FixedShapeDecoder, auto: AutoTreeSize | None = None,
+                 **settings):
         super().__init__(target, drafter, batch_size=len(decoder.slot), **settings)
         self.decoder = decoder
+        self.auto = auto  # with it, `tree_size` is the widest tree it may choose (`auto_size.fixed_shape_auto`)
+        self.live = None  # the rows that were live when "auto" chose the step's size
         self.cache = row_cache(drafter.config.num_hidden_layers, decoder.capacity)
         self.drafter_call, self.compiled = drafter.__call__, False
         config = drafter.config
@@ -372,7 +373,18 @@ class FixedShapeProposer(DFlashProposer):
             return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1), proposal)
         candidates = self.conditional_candidates if self.conditional else self.draft_candidates
         ids, probs = candidates(decoder, verify_len, self.top_k)
-        return build_tree_on_device(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
+        tree = build_tree_on_device(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
+        if self.auto is None:
+            return tree
+        self.live = ~decoder.finished
+        num_drafts = self.auto.choose(tree, self.live)  # the step's one host read: it waits for the draft
+        self.auto.costs.step_begins(num_drafts + 1, time.perf_counter())
+        return tree.first(num_drafts)
+
+    def accepted(self, tree: DraftTree, path: torch.LongTensor | None, num_accepted: torch.LongTensor) -> None:
+        """`DFlashProposer.accepted`, counting only the rows that were live (stopped rows stay in the batch here)."""
+        if self.auto is not None and tree.num_drafts:
+            self.auto.update(tree, path, num_accepted, self.live)
 
     def hidden_states(self, decoder: FixedShapeDecoder, verify_len: int) -> torch.Tensor:
         drafter = self.drafter
@@ -421,6 +433,8 @@ def fixed_shape_loop(proposer: FixedShapeProposer, decoder: FixedShapeDecoder, i
     """Prefill, then propose / verify / accept, every step the same shapes, until every row has stopped (read one step
     late: the host learns of it while the next step is already queued)."""
     out = decoder.prefill(input_ids)
+    if proposer.auto is not None:
+        decoder.warm_up([size + 1 for size in proposer.auto.sizes])
     proposer.extend_context(proposer.features(out.hidden_states), decoder.prompt_slots(len(input_ids)))
     flags = _DeferredFlags(decoder.finished)
     flags.publish(decoder.finished)
@@ -429,7 +443,8 @@ def fixed_shape_loop(proposer: FixedShapeProposer, decoder: FixedShapeDecoder, i
             break
         tree = proposer.propose(decoder, decoder.block_size)  # [rows, T]: the newest token, then the drafts
         out = decoder.verify_forward(tree)
-        written, path = decoder.accept(out.logits, tree)  # [rows, B]: the slots the block / the path went to
+        written, path, kept = decoder.accept(out.logits, tree)  # [rows, B]: the slots the block / path went to
+        proposer.accepted(tree, path, kept - 1)
         proposer.extend_context(proposer.features(out.hidden_states), written, path)
         flags.publish(decoder.finished)
 

@@ -3,8 +3,8 @@
 `measure_forward_costs` times the target's forward over k = 1, 2, 3, ..., 16 and 32 new tokens after a 128-token
 cache, with a tree attention mask as the loop verifies trees, on the target's own device and dtype, at a batch size;
 `load_forward_costs` keeps the measurement on disk per (model, config, device, dtype, batch, threads) and measures
-only once. `LoopCosts` corrects that curve by what one `generate` call's own verifications cost. The policy that reads
-them is `hf_dflash.generation.auto_size`.
+only once. `LoopCosts` corrects that curve by what one `generate` call's own verifications cost, `StepCosts` by what
+its whole steps cost on the fixed-shape path. The policy that reads them is `hf_dflash.generation.auto_size`.
 """
 
 import hashlib
@@ -100,6 +100,43 @@ class LoopCosts:
     def verified(self, tokens: int, seconds: float) -> None:
         """This step's verification, over `tokens` tokens, took `seconds`."""
         self._verified = (tokens, seconds)
+
+
+class StepCosts:
+    """What a whole step of the fixed-shape path costs at each verification width, as one `generate` call's steps
+    measure it.
+
+    That path reads the device once per step, when "auto" reads the nodes' scores, so the time from one read to the
+    next is one step: the verification of the width chosen at the first, its bookkeeping and the next draft, all as
+    compiled. A width's cost is the median of its steps; a width not measured yet costs the timed curve's t(k)
+    scaled by the measured widths' cost over the curve's (compiled forwards cost less than the eager ones the curve
+    times, much less on a GPU, and a step adds the drafter's forward). Steps that compile are left out: the first
+    two of a call (the drafter's first compiled forward is the second draft) and the first at each width."""
+
+    overhead = 0.0  # the rest of a step is in its cost
+
+    def __init__(self, curve: ForwardCosts):
+        self.curve = curve
+        self.seconds = {}  # width -> its timed steps' seconds
+        self._steps = 0
+        self._last = None  # (width, time, timed) of the step under way
+
+    def __call__(self, k: float) -> float:
+        if self.seconds.get(k):
+            return statistics.median(self.seconds[k])
+        measured = [w for w, seconds in self.seconds.items() if seconds]
+        if not measured:
+            return self.curve(k)
+        return self.curve(k) * sum(self(w) for w in measured) / sum(self.curve(w) for w in measured)
+
+    def step_begins(self, width: int, time: float) -> None:
+        """A step verifying `width` tokens begins at `time` (seconds): the one before it ended."""
+        last = self._last
+        self._steps += 1
+        self._last = (width, time, self._steps > 2 and width in self.seconds)
+        self.seconds.setdefault(width, [])
+        if last is not None and last[2]:
+            self.seconds[last[0]].append(time - last[1])
 
 
 @torch.no_grad()

@@ -131,6 +131,20 @@ class RowCacheLayer(StaticLayer):
                 torch.cat([self.values, value_states[:, :, width:]], dim=2))
 
 
+CAPACITY_STEP = 256  # cache lengths are rounded up to a multiple: one compiled graph serves lengths that differ less
+
+
+def step_span(block_size: int, tree_size: int) -> int:
+    """The most slots a step writes from its root: the block, or a tree's root and nodes."""
+    return max(block_size, 1 + tree_size if tree_size else 0)
+
+
+def cache_capacity(max_length: int, block_size: int, tree_size: int) -> int:
+    """The slots of a call's caches: room for the last step verified next to `max_length`, rounded up to
+    `CAPACITY_STEP` so that calls of nearby lengths share one shape, hence one compiled graph."""
+    return -(-(max_length + step_span(block_size, tree_size)) // CAPACITY_STEP) * CAPACITY_STEP
+
+
 def row_cache(num_layers: int, capacity: int) -> Cache:
     """A cache of `num_layers` `RowCacheLayer`s of `capacity` slots each (allocated at the first update)."""
     return Cache(layers=[RowCacheLayer(capacity) for _ in range(num_layers)])

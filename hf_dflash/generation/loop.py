@@ -18,8 +18,15 @@ from transformers.utils import logging
 from ..devices import without_cudnn_attention
 from ..modeling import DFlashDraftModel
 from ..native import as_dflash_drafter, is_native_drafter
+from .auto_size import fixed_shape_auto
 from .decoder import Decoder
-from .fixed_shape import FixedShapeDecoder, FixedShapeProposer, fixed_shape_loop, unsupported_reason, wants_fixed_shape
+from .fixed_shape import (
+    FixedShapeDecoder,
+    FixedShapeProposer,
+    fixed_shape_loop,
+    unsupported_reason,
+    wants_fixed_shape,
+)
 from .kv_cache import warn_unused_cache
 from .proposer import DFlashProposer, check_compatible
 
@@ -164,9 +171,13 @@ def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processo
     tree size."""
     num_drafts = settings["num_assistant_tokens"]
     block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, max(num_drafts, 0) + 1)
+    auto = None
+    if settings["draft_tree_size"] == "auto":  # the caches hold the widest tree it may choose
+        auto = fixed_shape_auto(target, len(input_ids), block_size)
+        settings = {**settings, "draft_tree_size": auto.max_nodes}
     decoder = decoder_class(target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
                             block_size, settings["draft_tree_size"])
-    proposer = proposer_class(target, drafter, decoder=decoder, **settings)
+    proposer = proposer_class(target, drafter, decoder=decoder, auto=auto, **settings)
     with torch.inference_mode():
         fixed_shape_loop(proposer, decoder, input_ids)
     return decoder.result()

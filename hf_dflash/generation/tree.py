@@ -46,10 +46,14 @@ class DraftTree:
         return self.tokens.shape[1] - 1
 
     def first(self, num_drafts: int) -> "DraftTree":
-        """The tree of the `num_drafts` best nodes (a prefix of the slots, parents first)."""
+        """The tree of the `num_drafts` best nodes (a prefix of the slots, parents first), in tensors of their own
+        with the strides of new ones: a compiled verification guards its inputs' strides, even where a dimension has
+        one row (`contiguous` would keep a slice's there)."""
         end = num_drafts + 1
-        scores = None if self.scores is None else self.scores[:, :num_drafts]
-        return DraftTree(self.tokens[:, :end], self.parents[:, :end], self.depths[:, :end], scores, self.is_chain)
+        own = lambda t: t.clone(memory_format=torch.contiguous_format)  # noqa: E731
+        scores = None if self.scores is None else own(self.scores[:, :num_drafts])
+        tokens, parents, depths = (own(t[:, :end]) for t in (self.tokens, self.parents, self.depths))
+        return DraftTree(tokens, parents, depths, scores, self.is_chain)
 
 
 def build_tree(root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tensor, budget: int) -> DraftTree:
