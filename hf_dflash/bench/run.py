@@ -302,7 +302,7 @@ def benchmark(
                     widest = fixed_shape_auto(target, len(inputs["input_ids"]), block).max_nodes if tree == "auto" \
                         else tree
                     capacity = cache_capacity(prompt_len + max_new_tokens, block, widest)
-                    untimed_first(("dflash", len(inputs["input_ids"]), capacity, tree),
+                    untimed_first(("dflash", block, len(inputs["input_ids"]), capacity, tree),
                                   lambda: call(oracle_drafts() if oracle else None))
                 drafts = oracle_drafts() if oracle else None
                 out, dflash_s, dflash_phases = profiled(lambda: call(drafts), target, drafters[block], drafts)
