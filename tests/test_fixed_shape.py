@@ -340,13 +340,17 @@ def test_auto_changes_the_width_between_steps(arch, batch, tree_oracle, monkeypa
 
 
 def test_auto_reads_the_device_once_per_step(monkeypatch):
-    """The choice is the step's one read of the device (the stop flags: a copy made the step before)."""
-    with_costs(monkeypatch, FLAT)
+    """The choice is one read a step, beside what a fixed size reads (the stop flags, a copy made the step before)."""
+    with_costs(monkeypatch, FLAT)  # "auto" then verifies the widest tree, 7 nodes, as the fixed size does
     target = make_target("qwen3")
     drafter = make_drafter(target, block_size=4)
     ids, mask = left_padded(3)
-    with HostReads() as counter:
-        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, assistant_model=drafter,
-                              draft_tree_size="auto", return_dict_in_generate=True, **STATIC)
-    steps = max(len(row) for row in out.acceptance_lengths)
-    assert steps >= 20 and counter.count <= 2 * steps + 10  # the choice and the flags' copy, a few for the rest
+    reads = {}
+    for size in (7, "auto"):
+        with HostReads() as counter:
+            out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40,
+                                  assistant_model=drafter, draft_tree_size=size, return_dict_in_generate=True,
+                                  **STATIC)
+        reads[size] = (counter.count, max(len(row) for row in out.acceptance_lengths))
+    (fixed, steps), (auto, auto_steps) = reads[7], reads["auto"]
+    assert steps == auto_steps >= 20 and auto - fixed == steps

@@ -41,8 +41,9 @@ def choose_tree_size(scores: torch.Tensor, costs, overhead: float = 0.0, sizes=N
 def tree_size_menu(max_nodes: int) -> tuple[int, ...]:
     """The sizes "auto" chooses from on the fixed-shape path, whose every verification width is a compiled shape:
     trees whose width (root and nodes) is a power of two, up to `max_nodes`, and 0 (a one-token step). Widths in
-    between would gain little: on a GPU t(k) is about flat up to 32 tokens, on a CPU t(16) / t(8) is 1.05-1.2
-    (docs/design.md), while each width costs a compile."""
+    between would gain little and cost a compile each: on a GPU t(k) is about flat up to 32 tokens, and on a CPU a
+    forward over a power of two is often no dearer than one over a few tokens fewer (oneDNN picks kernels by shape,
+    docs/design.md; in bfloat16 on the AMX Xeon t(16) was 1.05 t(8))."""
     return (0, *(2**i - 1 for i in range(2, max_nodes.bit_length() + 2) if 2**i - 1 <= max_nodes))
 
 
