@@ -20,12 +20,10 @@ from tqdm import tqdm
 from transformers import AutoModel
 
 import hf_dflash  # noqa: F401  (registers the drafters with AutoModel)
-from hf_dflash.bench import load_prompt_set
-from hf_dflash.bench.run import _machine
-from hf_dflash.cli import _load_target
+from hf_dflash.bench import load_prompt_set, machine_info
 from hf_dflash.generation import Decoder, DFlashProposer
 from hf_dflash.generation.loop import dflash_decode, original_generate
-from hf_dflash.packaged import SMOLLM2_ID
+from hf_dflash.packaged import SMOLLM2_ID, load_target
 from hf_dflash.prompts import chat_inputs
 
 MODES = {  # name: (generate's arguments, draft tree size, proposer)
@@ -91,7 +89,7 @@ def main() -> int:
     args = parser.parse_args()
     drafters = dict(spec.split("=", 1) for spec in args.drafter)
     torch.set_num_threads(args.threads)
-    target, tokenizer = _load_target(args.target, args.dtype)
+    target, tokenizer = load_target(args.target, args.dtype)
     prompts = {name: load_prompt_set(name, args.num_prompts, args.bench_dir) for name in args.sets}
     results = {}
     with tqdm(total=len(drafters) * len(args.modes) * len(prompts), desc="acceptance") as bar:
@@ -105,7 +103,7 @@ def main() -> int:
                     bar.set_postfix_str(f"{name} {mode} {set_name} {tau:.2f}")
                     bar.update()
     record = {
-        "machine": _machine(args.threads),
+        "machine": machine_info(args.threads),
         "settings": {"target": args.target, "dtype": args.dtype, "drafters": drafters, "sets": args.sets,
                      "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens,
                      "temperature": args.temperature, "modes": args.modes},

@@ -102,12 +102,25 @@ def load_packaged(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load packaged model `name` and its tokenizer (chat template, pad token set, left padding)."""
     path = packaged_model_path(name, cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    tok = AutoTokenizer.from_pretrained(path)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return model, tok
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), _left_padding_tokenizer(path)
+
+
+def load_target(name_or_path: str, dtype: str = "float32", device=None) -> tuple[PreTrainedModel,
+                                                                                  PreTrainedTokenizerBase]:
+    """A causal LM in eval mode and its tokenizer (pad token set, left padding) by Hub id or folder, from its packaged
+    copy where `resolve_model_path` finds one; `dtype` a name, "auto" included (`devices.resolve_dtype`)."""
+    from .devices import resolve_dtype
+
+    path = resolve_model_path(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).eval()
+    return model, _left_padding_tokenizer(path)
+
+
+def _left_padding_tokenizer(path) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -515,20 +515,27 @@ def test_random_target_oracle_from_the_command_line(tmp_path):
     assert "decode speedup / ceiling" in (tmp_path / "out" / "bench.md").read_text()
 
 
-def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
-    """The static baseline runs at every batch size and mode; each run's speedup is also reported against the faster
-    plain call; `cache_implementation="static"` sends the DFlash calls down the fixed-shape path; a call of a new
-    shape runs once untimed when compiling."""
+def _fixed_shape_calls(monkeypatch) -> tuple:
+    """A list that gets an entry for each call of the fixed-shape loop, and a compile config for any device with the
+    eager backend (quick; the path is the compiled one's)."""
     from transformers import CompileConfig
 
     from hf_dflash.generation import loop
 
-    target, drafter, tokenizer, prompts = setup
     fixed = []
     real = loop.fixed_shape_loop
     monkeypatch.setattr(loop, "fixed_shape_loop", lambda *a: fixed.append(1) or real(*a))
     compile_config = CompileConfig(backend="eager", mode=None)
     compile_config._compile_all_devices = True
+    return fixed, compile_config
+
+
+def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
+    """The static baseline runs at every batch size and mode; each run's speedup is also reported against the faster
+    plain call; `cache_implementation="static"` sends the DFlash calls down the fixed-shape path; a call of a new
+    shape runs once untimed when compiling."""
+    target, drafter, tokenizer, prompts = setup
+    fixed, compile_config = _fixed_shape_calls(monkeypatch)
     calls = []
     generate = type(target).generate
     monkeypatch.setattr(type(target), "generate", lambda self, *a, **k: calls.append(k.get("cache")) or generate(
@@ -552,6 +559,24 @@ def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
     assert "speedup vs best plain" in out["markdown"]
 
 
+def test_demo_times_dflash_at_its_best(setup, monkeypatch):
+    """`hf-dflash demo --compile`'s DFlash timer: the fixed-shape path, compiled with the config given, the output
+    plain greedy `generate`'s; a call of a new shape runs once untimed first, a call of a shape seen runs once."""
+    from hf_dflash.bench.static import dflash_static_timer
+    from hf_dflash.prompts import chat_inputs
+
+    target, drafter, tokenizer, prompts = setup
+    fixed, compile_config = _fixed_shape_calls(monkeypatch)
+    timer = dflash_static_timer(target, drafter, 6, compile_config)
+    for prompt, runs in zip(prompts[:2], (2, 1)):  # the second prompt's length falls in the first one's cache length
+        inputs = chat_inputs(tokenizer, prompt.messages)
+        plain = target.generate(**inputs, max_new_tokens=6, do_sample=False)
+        fixed.clear()
+        seconds, out = timer(inputs)
+        assert len(fixed) == runs and seconds > 0
+        assert torch.equal(out.sequences, plain) and out.acceptance_lengths
+
+
 def test_the_gpu_script_runs_on_a_cpu(tmp_path):
     """examples/fixed_shape_cuda.py end to end on a tiny random shape: the same code path as on a GPU (its CUDA-only
     synchronisation count skipped), compiled with the eager backend to stay quick; the oracle's run compares with
@@ -564,15 +589,17 @@ def test_the_gpu_script_runs_on_a_cpu(tmp_path):
     script = Path(__file__).resolve().parents[1] / "examples" / "fixed_shape_cuda.py"
     done = subprocess.run(
         [sys.executable, str(script), "--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--backend", "eager",
-         "--num-prompts", "1", "--max-new-tokens", "20", "--output-dir", str(tmp_path)],
+         "--num-prompts", "1", "--max-new-tokens", "20", "--output-dir", str(tmp_path), "--auto"],
         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for name in ("general", "fixed", "oracle"):
+    for name in ("general", "fixed", "oracle", "fixed-auto"):
         results = json.loads((tmp_path / name / "bench_results.json").read_text())
         assert results["settings"]["compile_config"]["backend"] == "eager"
-        assert {run["batch_size"] for run in results["runs"]} == ({1} if name == "oracle" else {1, 8})
+        assert {run["batch_size"] for run in results["runs"]} == ({1, 8} if name in ("general", "fixed") else {1})
         assert all("static" in run["baselines"] for run in results["runs"])
     oracle = json.loads((tmp_path / "oracle" / "bench_results.json").read_text())["runs"][0]["oracle"]
     assert oracle["wrong_steps"] == 0 and oracle["best_plain_ratio"] > 0
+    auto = json.loads((tmp_path / "fixed-auto" / "bench_results.json").read_text())["runs"]
+    assert [run["tree_size"] for run in auto] == ["auto"] and auto[0]["summary"]["identical"]
     assert "vs plain at its best" in done.stdout

@@ -104,3 +104,13 @@ def test_shipped_drafter_accepts_several_tokens_on_real_prompts(smollm2):
     assert committed / steps >= TAU_FLOOR, committed / steps
     # the drafter's confidence varies on real text: "auto" verifies trees of different sizes from step to step
     assert len(set(verified)) > 1 and max(verified) > 1, verified
+
+
+def test_load_target_by_hub_id_takes_the_packaged_copy():
+    """`load_target` (the CLI's and the examples' loader): a Hub id of a packaged model, absent from the HF cache,
+    loads the packaged copy, in eval mode, in the dtype named, its tokenizer padding on the left with a pad token."""
+    from hf_dflash.packaged import SMOLLM2_ID, load_target
+
+    target, tokenizer = load_target(SMOLLM2_ID, "bfloat16")
+    assert target.dtype == torch.bfloat16 and not target.training
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None

@@ -1,6 +1,6 @@
 """Measuring drafters: `benchmark` (run.py) against plain `generate` and baselines on prompt sets (prompt_sets.py),
-its report (report.py), the oracle's ceiling (oracle.py) and random targets (random_models.py). `hf-dflash bench` is
-the command-line front end."""
+its report (report.py), the oracle's ceiling (oracle.py), plain `generate` and DFlash at their best (static.py) and
+random targets (random_models.py). `hf-dflash bench` is the command-line front end."""
 
 from ..prompts import chat_inputs
 from ..training.evaluate import acceptance_on_prompts
@@ -8,7 +8,7 @@ from .oracle import OracleDecoder, OracleDrafts, OracleProposer, ceilings, oracl
 from .prompt_sets import BENCH_FILES, PACKAGED_SETS, load_prompt_set
 from .random_models import RANDOM_SHAPES, build_random_models, random_prompts, random_target_config
 from .report import plot, to_markdown, write_outputs
-from .run import BASELINES, benchmark, first_difference
+from .run import BASELINES, benchmark, first_difference, machine_info
 
 __all__ = [
     "BASELINES",
@@ -25,6 +25,7 @@ __all__ = [
     "chat_inputs",
     "first_difference",
     "load_prompt_set",
+    "machine_info",
     "oracle_generate",
     "plot",
     "random_prompts",

@@ -22,18 +22,14 @@ import torch
 from transformers.cache_utils import StaticCache
 
 from ..devices import cpu_description
-from ..generation.auto_size import fixed_shape_auto
-from ..generation.kv_cache import cache_capacity
 from ..prompts import Prompt, left_padded_batch
 from ..prompts import stop_ids as target_stop_ids
 from .oracle import OracleDrafts, ceilings, oracle_generate
 from .report import to_markdown
+from .static import fixed_shape_capacity, static_cache_length
 from .timing import PHASES, profiled, timed
 
 BASELINES = ("plain", "static", "prompt_lookup", "native", "reference")
-# plain `generate` at its best: a static cache of a length rounded up to this step (one compiled graph per step of
-# lengths, not per prompt), compiled where transformers compiles it
-STATIC_CACHE_STEP = 256
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -49,35 +45,6 @@ def _new_tokens(sequences: torch.Tensor, prompt_len: int, stop_ids: list[int], m
                 break
         rows.append(row)
     return rows
-
-
-def static_cache_length(prompt_len: int, max_new_tokens: int) -> int:
-    """The "static" baseline's cache length: what the call needs, rounded up to `STATIC_CACHE_STEP` (a compiled
-    forward is reused across prompts of similar lengths instead of recompiling for each)."""
-    return -(-(prompt_len + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
-
-
-def plain_static_timer(target, max_new_tokens: int):
-    """A timer of plain greedy `generate` at its best (`hf-dflash demo --compile`): a static cache of
-    `static_cache_length`, compiled on any device; a new cache length compiles once, untimed. Returns
-    f(inputs, plain) -> (seconds, whether the tokens equal `plain`'s)."""
-    from transformers import CompileConfig
-
-    config = CompileConfig()
-    config._compile_all_devices = True  # transformers' own switch for compiling on any device
-    compiled = set()
-
-    def run(inputs, plain):
-        length = static_cache_length(inputs["input_ids"].shape[1], max_new_tokens)
-        call = functools.partial(target.generate, **inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                 compile_config=config)
-        if length not in compiled:
-            compiled.add(length)
-            call(cache=StaticCache(config=target.config, max_cache_len=length))
-        out, seconds = timed(lambda: call(cache=StaticCache(config=target.config, max_cache_len=length)))
-        return seconds, torch.equal(out, plain)
-
-    return run
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -96,7 +63,8 @@ def _histogram(lengths: list[int], block_size: int) -> list[int]:
     return counts
 
 
-def _machine(threads: int) -> dict:
+def machine_info(threads: int) -> dict:
+    """Where a measurement ran: the CPU (its vector extensions), the GPU, versions, threads and the date."""
     import transformers
 
     return {
@@ -164,7 +132,7 @@ def benchmark(
     after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio.
 
     Plain `generate` at its best: the "static" baseline runs plain `generate` with a static cache of a bucketed length
-    (`STATIC_CACHE_STEP`), compiled where transformers compiles it, at every batch size and mode; each run then also
+    (`static.STATIC_CACHE_STEP`), compiled where transformers compiles it, at every batch size and mode; each run then also
     reports DFlash's speedup over the faster of the two plain calls. `cache_implementation="static"` runs the DFlash
     calls on the fixed-shape path (`hf_dflash.generation.fixed_shape`). `compile_config`: the `CompileConfig` of
     both (None: transformers' default, which compiles on accelerators only). A call of a new shape (batch, cache
@@ -299,9 +267,8 @@ def benchmark(
 
                 if cache_implementation == "static":
                     # the fixed-shape path's cache: "auto"'s holds the widest tree it may choose
-                    widest = fixed_shape_auto(target, len(inputs["input_ids"]), block).max_nodes if tree == "auto" \
-                        else tree
-                    capacity = cache_capacity(prompt_len + max_new_tokens, block, widest)
+                    capacity = fixed_shape_capacity(target, len(inputs["input_ids"]), prompt_len, max_new_tokens,
+                                                    block, tree)
                     untimed_first(("dflash", block, len(inputs["input_ids"]), capacity, tree),
                                   lambda: call(oracle_drafts() if oracle else None))
                 drafts = oracle_drafts() if oracle else None
@@ -344,7 +311,7 @@ def benchmark(
                 runs.append(run)
     bar.close()
     results = {
-        "machine": _machine(threads),
+        "machine": machine_info(threads),
         "settings": {
             "max_new_tokens": max_new_tokens, "temperature": temperature, "threads": threads, "warmup": warmup,
             "seed": seed, "batch_sizes": list(batch_sizes), "modes": list(modes), "block_sizes": block_sizes,
