@@ -8,7 +8,7 @@ import torch
 
 from conftest import ForwardCounter, left_padded, make_drafter, make_target
 from hf_dflash.generation import forward_costs
-from hf_dflash.generation.auto_size import NodeCalibration, choose_tree_size
+from hf_dflash.generation.auto_size import NodeCalibration, choose_tree_size, tree_size_menu
 from hf_dflash.generation.forward_costs import (
     ForwardCosts,
     LoopCosts,
@@ -52,6 +52,18 @@ def test_chooser_on_synthetic_curves():
     assert choose_tree_size(torch.tensor([[0.6]], dtype=torch.float64), STEEP, overhead=0.05) == 1
     # a batch shares one tree size: the rows' expectations add up
     assert choose_tree_size(torch.cat([unsure, sure[:, :4]]), CPU) == 1  # 3.1 tokens in 1.5 steps > 2 in 1
+
+
+def test_menu_adds_narrow_trees_where_a_forward_over_few_tokens_is_cheap():
+    """The fixed-shape path's menu: powers of two (widths 1, 4, 8, ...); trees of 1 and 2 drafts too where the curve
+    prices a forward over 2 or 3 tokens at least 10 % below one over 4 (float32 on a CPU), not where it is flat."""
+    assert tree_size_menu(15) == tree_size_menu(15, FLAT) == (0, 3, 7, 15)
+    assert tree_size_menu(31, STEEP) == (0, 1, 2, 3, 7, 15, 31)
+    float32 = ForwardCosts((1, 2, 3, 4, 8, 16), (62.5, 66.3, 71.8, 97.3, 128.9, 128.4))  # the Xeon, 2026-12-07
+    assert tree_size_menu(15, float32) == (0, 1, 2, 3, 7, 15)
+    only_three = ForwardCosts((1, 2, 3, 4), (0.9, 0.95, 0.8, 1.0))  # t(2) 5 % below t(4): 1 draft is not worth it
+    assert tree_size_menu(3, only_three) == (0, 2, 3)
+    assert tree_size_menu(2, STEEP) == (0,)  # no power-of-two tree fits: nothing narrower is offered either
 
 
 def test_chooser_on_a_menu_and_live_rows():

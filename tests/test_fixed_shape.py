@@ -321,7 +321,7 @@ def test_auto_changes_the_width_between_steps(arch, batch, tree_oracle, monkeypa
     sizes = itertools.cycle((3, 0, 7, 15, 1))
     with_costs(monkeypatch, FLAT)
     monkeypatch.setattr(AutoTreeSize, "choose", lambda self, tree, live=None: next(sizes))
-    monkeypatch.setattr(auto_size, "tree_size_menu", lambda widest: (0, 1, 3, 7, 15))
+    monkeypatch.setattr(auto_size, "tree_size_menu", lambda widest, costs=None: (0, 1, 3, 7, 15))
     torch._dynamo.reset()
     target = make_target(arch)
     drafter = make_drafter(target, block_size=5)

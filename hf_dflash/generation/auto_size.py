@@ -38,13 +38,21 @@ def choose_tree_size(scores: torch.Tensor, costs, overhead: float = 0.0, sizes=N
     return best
 
 
-def tree_size_menu(max_nodes: int) -> tuple[int, ...]:
+NARROW_SAVES = 0.1  # a tree of 1 or 2 drafts joins the menu where its forward costs this much less than 3 drafts
+
+
+def tree_size_menu(max_nodes: int, costs=None) -> tuple[int, ...]:
     """The sizes "auto" chooses from on the fixed-shape path, whose every verification width is a compiled shape:
-    trees whose width (root and nodes) is a power of two, up to `max_nodes`, and 0 (a one-token step). Widths in
-    between would gain little and cost a compile each: on a GPU t(k) is about flat up to 32 tokens, and on a CPU a
-    forward over a power of two is often no dearer than one over a few tokens fewer (oneDNN picks kernels by shape,
-    docs/design.md; in bfloat16 on the AMX Xeon t(16) was 1.05 t(8))."""
-    return (0, *(2**i - 1 for i in range(2, max_nodes.bit_length() + 2) if 2**i - 1 <= max_nodes))
+    trees whose width (root and nodes) is a power of two, up to `max_nodes`, and 0 (a one-token step); and, where the
+    target's forward `costs` (t(k), `ForwardCosts`) price a forward over 2 or 3 tokens at least `NARROW_SAVES` below
+    one over 4, trees of 1 or 2 drafts. On a GPU t(k) is about flat up to 32 tokens, and in bfloat16 on the AMX Xeon
+    t(16) was 1.05 t(8): the powers of two. In float32 on a CPU t(3) was 0.74 t(4) (oneDNN picks kernels by shape),
+    and texts the drafter guesses poorly are served best by 1-2 drafts there (docs/design.md)."""
+    sizes = (0, *(2**i - 1 for i in range(2, max_nodes.bit_length() + 2) if 2**i - 1 <= max_nodes))
+    if costs is None or max_nodes < 3:
+        return sizes
+    narrow = tuple(n for n in (1, 2) if costs(n + 1) <= (1 - NARROW_SAVES) * costs(4))
+    return (0, *narrow, *sizes[1:])
 
 
 class NodeCalibration:
@@ -127,4 +135,4 @@ def fixed_shape_auto(target, batch_size: int, block_size: int) -> AutoTreeSize:
     # Every step builds the widest tree, whichever size it then verifies, and the choice does not see that cost: the
     # widest is held to two candidates a depth (docs/design.md: 31 nodes were slower than 15 at block 8 on a CPU)
     widest = min(curve.max_tokens, 2 * block_size) - 1
-    return AutoTreeSize(StepCosts(curve), max_depth=block_size - 1, sizes=tree_size_menu(widest))
+    return AutoTreeSize(StepCosts(curve), max_depth=block_size - 1, sizes=tree_size_menu(widest, curve))
