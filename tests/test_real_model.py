@@ -107,8 +107,8 @@ def test_shipped_drafter_accepts_several_tokens_on_real_prompts(smollm2):
 
 
 def test_load_target_by_hub_id_takes_the_packaged_copy():
-    """`load_target` (the CLI's and the examples' loader): a Hub id of a packaged model, absent from the HF cache,
-    loads the packaged copy, in eval mode, in the dtype named, its tokenizer padding on the left with a pad token."""
+    """`load_target` (the CLI's and the examples' loader) takes a packaged model's Hub id (its packaged copy where the
+    HF cache lacks it) and gives it in eval mode, in the dtype named, its tokenizer padding on the left."""
     from hf_dflash.packaged import SMOLLM2_ID, load_target
 
     target, tokenizer = load_target(SMOLLM2_ID, "bfloat16")

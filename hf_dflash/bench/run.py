@@ -132,8 +132,8 @@ def benchmark(
     after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio.
 
     Plain `generate` at its best: the "static" baseline runs plain `generate` with a static cache of a bucketed length
-    (`static.STATIC_CACHE_STEP`), compiled where transformers compiles it, at every batch size and mode; each run then also
-    reports DFlash's speedup over the faster of the two plain calls. `cache_implementation="static"` runs the DFlash
+    (`static.STATIC_CACHE_STEP`), compiled where transformers compiles it, at every batch size and mode; each run then
+    also reports DFlash's speedup over the faster of the two plain calls. `cache_implementation="static"` runs the DFlash
     calls on the fixed-shape path (`hf_dflash.generation.fixed_shape`). `compile_config`: the `CompileConfig` of
     both (None: transformers' default, which compiles on accelerators only). A call of a new shape (batch, cache
     length) runs once untimed first, so that compiling stays out of the timing."""
