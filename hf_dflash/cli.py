@@ -238,6 +238,7 @@ def bench_cmd(args) -> int:
     import hf_dflash
 
     from .bench import benchmark, load_prompt_set, write_outputs
+    from .bench.static import compile_everywhere
     from .devices import resolve_dtype
 
     torch.set_num_threads(args.threads)
@@ -274,12 +275,7 @@ def bench_cmd(args) -> int:
           f"| sets: {', '.join(f'{k} ({len(v)})' for k, v in prompt_sets.items())}")
     if note:
         print("NOTE: " + note)
-    compile_config = None
-    if args.compile:
-        from transformers import CompileConfig
-
-        compile_config = CompileConfig(mode="default" if device.type == "cpu" else "reduce-overhead")
-        compile_config._compile_all_devices = True  # transformers' own switch for compiling on any device
+    compile_config = compile_everywhere(device) if args.compile else None
     results = benchmark(
         target, drafter, tokenizer, prompt_sets, block_sizes=args.block_sizes, batch_sizes=args.batch_sizes,
         modes=args.modes, temperature=args.temperature, max_new_tokens=args.max_new_tokens, baselines=args.baselines,

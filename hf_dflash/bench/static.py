@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from transformers import CompileConfig
 from transformers.cache_utils import StaticCache
 
 from ..generation.auto_size import fixed_shape_auto
@@ -23,21 +24,19 @@ def static_cache_length(prompt_len: int, max_new_tokens: int) -> int:
     return -(-(prompt_len + max_new_tokens) // STATIC_CACHE_STEP) * STATIC_CACHE_STEP
 
 
-def compile_everywhere():
-    """The `CompileConfig` of plain `generate` at its best in the demo: transformers' defaults, compiled on any device
-    (a CPU too)."""
-    from transformers import CompileConfig
-
-    config = CompileConfig()
+def compile_everywhere(device) -> CompileConfig:
+    """The `CompileConfig` of plain `generate` and DFlash at their best (`hf-dflash bench --compile`, `hf-dflash demo
+    --compile`): transformers' defaults, compiled on any `device`, a CPU too, where CUDA graphs have no part."""
+    config = CompileConfig(mode="default" if torch.device(device).type == "cpu" else "reduce-overhead")
     config._compile_all_devices = True  # transformers' own switch for compiling on any device
     return config
 
 
 def plain_static_timer(target, max_new_tokens: int, compile_config=None):
     """A timer of plain greedy `generate` at its best (`hf-dflash demo --compile`): a static cache of
-    `static_cache_length`, compiled (`compile_config`, by default `compile_everywhere()`); a new cache length
+    `static_cache_length`, compiled (`compile_config`, by default `compile_everywhere`'s); a new cache length
     compiles once, untimed. Returns f(inputs, plain) -> (seconds, whether the tokens equal `plain`'s)."""
-    config = compile_config or compile_everywhere()
+    config = compile_config or compile_everywhere(target.device)
     compiled = set()
 
     def run(inputs, plain):
@@ -66,7 +65,7 @@ def dflash_static_timer(target, drafter, max_new_tokens: int, compile_config=Non
     """A timer of greedy DFlash at its best (`hf-dflash demo --compile`): the fixed-shape path (a static cache),
     compiled as `plain_static_timer` compiles plain `generate`; a call of a new shape runs once first, untimed (it
     compiles every verification width). Returns f(inputs) -> (seconds, `DFlashGenerateOutput`)."""
-    config = compile_config or compile_everywhere()
+    config = compile_config or compile_everywhere(target.device)
     compiled = set()
 
     def run(inputs):
