@@ -9,7 +9,8 @@ from torch.overrides import TorchFunctionMode
 from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList
 
 from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
-from hf_dflash.generation import auto_size, loop
+from hf_dflash.generation import auto_size, kv_cache, loop
+from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 from hf_dflash.generation.auto_size import AutoTreeSize
 from hf_dflash.generation.forward_costs import ForwardCosts
 from test_cost_model import FLAT, STEEP
@@ -273,6 +274,32 @@ def test_eos_inside_an_accepted_path_and_the_max_length_cut(tree_oracle):
                                eos_token_id=eos, pad_token_id=0, assistant_model=drafter, draft_tree_size=8, **STATIC)
         assert torch.equal(fast, plain)
     assert (plain[0] == eos).any()
+
+
+@pytest.mark.parametrize("tree_size", [0, 8])
+def test_the_spare_slot_past_max_length(tree_size, oracle, tree_oracle, monkeypatch):
+    """Caches of exactly `max_length` + 1 slots: a last step's tokens past `max_length` all write to the spare slot,
+    and a tree's nodes there are never accepted (their keys were lost): still plain's tokens, rows cut inside a
+    block and rows stopped by EOS alike."""
+    monkeypatch.setattr(kv_cache, "CAPACITY_STEP", 1)
+    spilled = []  # whether a step's slots ran past the cache
+    real = FixedShapeDecoder.step_slots
+    monkeypatch.setattr(FixedShapeDecoder, "step_slots", lambda self, width: spilled.append(
+        int(self.slot.max()) + width > self.capacity) or real(self, width))
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=5)
+    ids, mask = left_padded(3)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    for max_new_tokens, eos in ((9, None), (23, None), (30, int(reference[0, ids.shape[1] + 6]))):
+        plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                                eos_token_id=eos, pad_token_id=0)
+        oracle(correct_upto=None)
+        tree_oracle([1, 0, 0, 0])  # a tree's every path through a runner-up: nodes deep in its slots
+        fast = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                               eos_token_id=eos, pad_token_id=0, assistant_model=drafter, draft_tree_size=tree_size,
+                               **STATIC)
+        assert torch.equal(fast, plain)
+    assert any(spilled)
 
 
 def test_dflash2_trees(monkeypatch):

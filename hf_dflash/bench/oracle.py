@@ -291,7 +291,7 @@ class FixedShapeOracleDecoder(FixedShapeDecoder):
         def forward(k: int) -> float:
             tokens = newest.repeat(1, k)  # [rows, k], laid out as a verified block (a compiled graph guards strides)
             slots = self.write_index[:, :k]  # the loop's own index tensor: the compiled graph guards its kind
-            slots.copy_(self.slot[:, None] + self.offsets[:k])
+            slots.copy_(self.step_slots(k))
             set_write_index(self.cache, slots)  # `verify_forward` sets its own again
             if k not in self.warm:
                 self.forward_at(tokens, slots)

@@ -22,11 +22,12 @@ import torch
 from transformers.cache_utils import StaticCache
 
 from ..devices import cpu_description
+from ..generation.kv_cache import cache_capacity
 from ..prompts import Prompt, left_padded_batch
 from ..prompts import stop_ids as target_stop_ids
 from .oracle import OracleDrafts, ceilings, oracle_generate
 from .report import to_markdown
-from .static import fixed_shape_capacity, static_cache_length
+from .static import static_cache_length
 from .timing import PHASES, profiled, timed
 
 BASELINES = ("plain", "static", "prompt_lookup", "native", "reference")
@@ -265,10 +266,8 @@ def benchmark(
                     return OracleDrafts.from_plain(plain, prompt_len, max_new_tokens, inputs.get("attention_mask"),
                                                    pad_id, stop_ids)
 
-                if cache_implementation == "static":
-                    # the fixed-shape path's cache: "auto"'s holds the widest tree it may choose
-                    capacity = fixed_shape_capacity(target, len(inputs["input_ids"]), prompt_len, max_new_tokens,
-                                                    block, tree)
+                if cache_implementation == "static":  # a new cache length of the fixed-shape path compiles
+                    capacity = cache_capacity(prompt_len + max_new_tokens)
                     untimed_first(("dflash", block, len(inputs["input_ids"]), capacity, tree),
                                   lambda: call(oracle_drafts() if oracle else None))
                 drafts = oracle_drafts() if oracle else None

@@ -9,7 +9,6 @@ import torch
 from transformers import CompileConfig
 from transformers.cache_utils import StaticCache
 
-from ..generation.auto_size import fixed_shape_auto
 from ..generation.kv_cache import cache_capacity
 from .timing import timed
 
@@ -52,15 +51,6 @@ def plain_static_timer(target, max_new_tokens: int, compile_config=None):
     return run
 
 
-def fixed_shape_capacity(target, batch_size: int, prompt_len: int, max_new_tokens: int, block_size: int,
-                         tree_size) -> int:
-    """The cache length of a fixed-shape DFlash call (`cache_implementation="static"`), which its compiled graphs are
-    keyed by: "auto"'s cache holds the widest tree it may choose."""
-    if tree_size == "auto":
-        tree_size = fixed_shape_auto(target, batch_size, block_size).max_nodes
-    return cache_capacity(prompt_len + max_new_tokens, block_size, tree_size)
-
-
 def dflash_static_timer(target, drafter, max_new_tokens: int, compile_config=None):
     """A timer of greedy DFlash at its best (`hf-dflash demo --compile`): the fixed-shape path (a static cache),
     compiled as `plain_static_timer` compiles plain `generate`; a call of a new shape runs once first, untimed (it
@@ -70,8 +60,7 @@ def dflash_static_timer(target, drafter, max_new_tokens: int, compile_config=Non
 
     def run(inputs):
         batch, prompt_len = inputs["input_ids"].shape
-        shape = (batch, fixed_shape_capacity(target, batch, prompt_len, max_new_tokens, drafter.block_size,
-                                             drafter.draft_tree_size))
+        shape = (batch, cache_capacity(prompt_len + max_new_tokens))
         call = functools.partial(target.generate, **inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                  assistant_model=drafter, cache_implementation="static", compile_config=config,
                                  return_dict_in_generate=True)

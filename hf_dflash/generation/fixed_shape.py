@@ -5,8 +5,9 @@ the host reads the device once per step (without "auto", one step late).
 the call's settings allow it (`unsupported_reason` is None) `dflash_decode` runs `fixed_shape_loop` instead of the
 general loop. What changes:
 
-- the target's and the drafter's KV caches are preallocated (`kv_cache.row_cache`) with room for `max_length` plus a
-  block; each row writes its block at its own slots, and a rejected slot is written over by the next step;
+- the target's and the drafter's KV caches are preallocated (`kv_cache.row_cache`) with room for `max_length` and a
+  spare slot for whatever a last step writes past it; each row writes its block at its own slots, and a rejected
+  slot is written over by the next step;
 - the drafter's context is the whole verified block, its rejected slots masked, instead of the accepted prefix;
 - a tree of drafts (`draft_tree_size=N`) is built on the device (`tree.build_tree_on_device`: always N nodes), and
   the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
@@ -94,7 +95,7 @@ class FixedShapeDecoder:
         self.stop_strings = [c for c in stopping_criteria or [] if type(c) is StopStringCriteria]
         pad = generation_config._pad_token_tensor
         self.pad_token_id = int(pad) if pad is not None else 0
-        self.capacity = cache_capacity(self.max_length, block_size, tree_size)
+        self.capacity = cache_capacity(self.max_length)
         self.sequences = torch.full((batch, self.max_length + block_size), self.pad_token_id, dtype=torch.long,
                                     device=device)
         self.sequences[:, : self.prompt_len] = input_ids
@@ -124,6 +125,12 @@ class FixedShapeDecoder:
     @property
     def next_pos(self) -> torch.LongTensor:
         return self.slot - self.pads
+
+    def step_slots(self, width: int) -> torch.LongTensor:
+        """The slots [rows, width] of a step's tokens from each row's root on. Those from the cache's last slot on all
+        go to that one, the spare past `max_length`: their tokens are never committed, and no token that is attends
+        to them (a tree's node there is never accepted: `verify`)."""
+        return (self.slot[:, None] + self.offsets[:width]).clamp(max=self.capacity - 1)
 
     def newest_tokens(self) -> torch.LongTensor:
         return self.sequences.gather(1, (self.lengths - 1)[:, None])[:, 0]
@@ -173,7 +180,7 @@ class FixedShapeDecoder:
             key = (len(self.slot), self.capacity, self.target.dtype)
             if key not in warm:
                 slots = self.write_index[:, :width]  # the loop's own index tensor: the compiled graph guards its kind
-                slots.copy_(self.slot[:, None] + self.offsets[:width])
+                slots.copy_(self.step_slots(width))
                 set_write_index(self.cache, slots)
                 self.forward_at(newest.repeat(1, width), slots)
                 warm.add(key)
@@ -186,7 +193,7 @@ class FixedShapeDecoder:
         self.verify_width = width = tree.tokens.shape[1]
         self.widths.append(width)
         query_slots = self.write_index[:, :width]  # [rows, T]: a view of one buffer, the same every step
-        query_slots.copy_(self.slot[:, None] + self.offsets[:width])
+        query_slots.copy_(self.step_slots(width))
         set_write_index(self.cache, query_slots)
         if tree.is_chain:
             return self.forward_at(tree.tokens, query_slots)
@@ -248,7 +255,7 @@ class FixedShapeDecoder:
         tokens, kept, path = self.verify(logits, tree)
         if path is not None:
             self.keep_path(path)
-        written = self.slot[:, None] + self.offsets[: self.block_size]
+        written = self.step_slots(self.block_size)
         self.slot = self.slot + self.commit(tokens, kept)
         return written, path, kept
 
@@ -267,6 +274,7 @@ class FixedShapeDecoder:
             return choices, matches.long().cumprod(-1).sum(-1) + 1, None
         # a node is right when the target chose its token after its parent; accepted when it and its ancestors are
         right = tree.tokens == choices.gather(1, tree.parents.clamp(min=0))
+        right &= self.slot[:, None] + self.offsets[: right.shape[1]] < self.capacity - 1  # else its keys were lost
         right[:, 0] = True
         accepted = ~(self.family & ~right[:, None, :]).any(-1)  # [rows, T]
         deepest = (accepted * (tree.depths + 1)).argmax(-1)  # siblings hold distinct tokens: one per depth
@@ -280,7 +288,7 @@ class FixedShapeDecoder:
         layer, where a chain's would be; slots past the accepted depth get any node's (the next step writes over
         them first)."""
         source = (self.slot[:, None] + path)[:, None, :, None]
-        target = (self.slot[:, None] + self.offsets[: self.block_size])[:, None, :, None]
+        target = self.step_slots(self.block_size)[:, None, :, None]
         for layer in self.cache.layers:
             for stored in (layer.keys, layer.values):  # [rows, heads, capacity, head_dim]
                 shape = (-1, stored.shape[1], -1, stored.shape[-1])

@@ -122,9 +122,11 @@ class RowCacheLayer(StaticLayer):
             self.lazy_initialization(key_states, value_states)
         width = self.write_index.shape[1]
         write_index = self.write_index.to(self.keys.device)  # a target split over devices: each layer's own
+        rows = torch.arange(len(write_index), device=write_index.device)[:, None]
         for stored, new in ((self.keys, key_states), (self.values, value_states)):
-            index = write_index[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[-1])
-            stored.scatter_(2, index, new[:, :, :width])  # in place: the storage keeps its address
+            # An index put, in place (the storage keeps its address): compiled, a `scatter_` into a graph's input
+            # copied the whole cache every call (docs/design.md, "The fixed-shape path")
+            stored.transpose(1, 2)[rows, write_index] = new[:, :, :width].transpose(1, 2)
         if key_states.shape[-2] == width:
             return self.keys, self.values
         return (torch.cat([self.keys, key_states[:, :, width:]], dim=2),
@@ -139,10 +141,12 @@ def step_span(block_size: int, tree_size: int) -> int:
     return max(block_size, 1 + tree_size if tree_size else 0)
 
 
-def cache_capacity(max_length: int, block_size: int, tree_size: int) -> int:
-    """The slots of a call's caches: room for the last step verified next to `max_length`, rounded up to
-    `CAPACITY_STEP` so that calls of nearby lengths share one shape, hence one compiled graph."""
-    return -(-(max_length + step_span(block_size, tree_size)) // CAPACITY_STEP) * CAPACITY_STEP
+def cache_capacity(max_length: int) -> int:
+    """The slots of a call's caches: `max_length` and a spare one past it, which takes every write past it (a last
+    step's tokens that `max_length` cuts: `FixedShapeDecoder.step_slots`), rounded up to `CAPACITY_STEP` so that
+    calls of nearby lengths share one shape, hence one compiled graph. Not room for a whole block past `max_length`:
+    every forward reads every slot, and that room took a second step where `max_length` was just under one."""
+    return -(-(max_length + 1) // CAPACITY_STEP) * CAPACITY_STEP
 
 
 def row_cache(num_layers: int, capacity: int) -> Cache:
