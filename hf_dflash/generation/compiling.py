@@ -35,3 +35,15 @@ def _own_function(model, key):
 
     code = call.__code__.replace(co_name=f"hf_dflash_call_{key}")
     return types.FunctionType(code, call.__globals__, code.co_name, call.__defaults__, call.__closure__)
+
+
+def compiled_function(owner, function, compile_config: CompileConfig | None):
+    """One of the fixed-shape path's own functions compiled with `compile_config`, kept on `owner` (the target) as
+    `compiled_call` keeps a model's call, or `function` itself with None."""
+    if compile_config is None:
+        return function
+    settings = compile_config.to_dict()
+    kept = owner.__dict__.setdefault("_hf_dflash_compiled", {})
+    if function not in kept or kept[function][0] != settings:
+        kept[function] = (settings, torch.compile(function, **settings))
+    return kept[function][1]

@@ -37,9 +37,9 @@ from ..cpu_ops import argmax
 from ..modeling.modeling_dflash import block_visibility
 from ..sampling import exponential_race, rejection_sample
 from .auto_size import AutoTreeSize
-from .compiling import compile_config_for, compiled_call
+from .compiling import compile_config_for, compiled_call, compiled_function
 from .decoder import _POSITION_FREE, DFlashGenerateOutput
-from .kv_cache import cache_capacity, row_cache, set_write_index, step_span
+from .kv_cache import cache_capacity, move_slots, row_cache, set_write_index, step_span
 from .proposer import DFlashProposer
 from .tree import DraftTree, ancestors, build_tree_on_device
 
@@ -120,6 +120,7 @@ class FixedShapeDecoder:
         self.family = None  # the verified tree's [rows, T, T] ancestry (`tree.ancestors`)
         self.compile_config = None
         self.verify_calls = {}  # width -> the target's (compiled) call
+        self.move_slots = None  # `kv_cache.move_slots`, compiled where the forwards are
         self.rows = torch.arange(batch, device=device)  # every row stays: the decoder's rows never change
 
     @property
@@ -287,13 +288,10 @@ class FixedShapeDecoder:
         """Move the keys / values of each row's path [rows, B] (tree slots) to the slots from its root on, in every
         layer, where a chain's would be; slots past the accepted depth get any node's (the next step writes over
         them first)."""
-        source = (self.slot[:, None] + path)[:, None, :, None]
-        target = self.step_slots(self.block_size)[:, None, :, None]
-        for layer in self.cache.layers:
-            for stored in (layer.keys, layer.values):  # [rows, heads, capacity, head_dim]
-                shape = (-1, stored.shape[1], -1, stored.shape[-1])
-                moved = stored.gather(2, source.to(stored.device).expand(shape))
-                stored.scatter_(2, target.to(stored.device).expand(shape), moved)
+        states = [stored for layer in self.cache.layers for stored in (layer.keys, layer.values)]
+        if self.move_slots is None:  # compiled at the first tree step
+            self.move_slots = compiled_function(self.target, move_slots, self.compile_config)
+        self.move_slots(states, self.slot[:, None] + path, self.step_slots(self.block_size))
 
     def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, record: bool = True) -> torch.LongTensor:
         """Append each live row's first `kept` of `tokens` [rows, W], cut after its first EOS or completed stop string
