@@ -530,7 +530,7 @@ def _fixed_shape_calls(monkeypatch) -> tuple:
     return fixed, compile_config
 
 
-def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
+def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch, tmp_path):
     """The static baseline runs at every batch size and mode; each run's speedup is also reported against the faster
     plain call; `cache_implementation="static"` sends the DFlash calls down the fixed-shape path; a call of a new
     shape runs once untimed when compiling."""
@@ -557,6 +557,7 @@ def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch):
     static_calls = [c for c in calls if c is not None]
     assert static_calls and all(layer.max_cache_len % 256 == 0 for c in static_calls for layer in c.layers)
     assert "speedup vs best plain" in out["markdown"]
+    assert write_outputs(out, tmp_path)["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # with both speedups
 
 
 def test_demo_times_dflash_at_its_best(setup, monkeypatch):
