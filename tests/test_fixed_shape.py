@@ -10,8 +10,8 @@ from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList
 
 from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
 from hf_dflash.generation import auto_size, kv_cache, loop
-from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 from hf_dflash.generation.auto_size import AutoTreeSize
+from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 from hf_dflash.generation.forward_costs import ForwardCosts
 from test_cost_model import FLAT, STEEP
 from test_sampling import SAMPLES, exact_distribution, g_test

@@ -143,6 +143,7 @@ def move_slots(states: list, source: torch.LongTensor, target: torch.LongTensor)
         slots = stored.transpose(1, 2)  # [rows, capacity, heads, head_dim]: a row's slot is one index
         slots[row, new] = slots[row, old]
 
+
 CAPACITY_STEP = 256  # cache lengths are rounded up to a multiple: one compiled graph serves lengths that differ less
 
 
