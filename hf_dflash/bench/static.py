@@ -9,12 +9,13 @@ import torch
 from transformers import CompileConfig
 from transformers.cache_utils import StaticCache
 
-from ..generation.kv_cache import cache_capacity
+from ..generation.kv_cache import CAPACITY_STEP, cache_capacity
 from .timing import timed
 
 # plain `generate` at its best: a static cache of a length rounded up to this step (one compiled graph per step of
-# lengths, not per prompt), compiled where transformers compiles it
-STATIC_CACHE_STEP = 256
+# lengths, not per prompt), compiled where transformers compiles it; the fixed-shape path's step, so that both sides
+# of a comparison read caches of the same length
+STATIC_CACHE_STEP = CAPACITY_STEP
 
 
 def static_cache_length(prompt_len: int, max_new_tokens: int) -> int:

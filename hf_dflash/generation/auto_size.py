@@ -38,7 +38,7 @@ def choose_tree_size(scores: torch.Tensor, costs, overhead: float = 0.0, sizes=N
     return best
 
 
-NARROW_SAVES = 0.1  # a tree of 1 or 2 drafts joins the menu where its forward costs this much less than one of 3
+NARROW_SAVES = 0.1  # a tree of 1 or 2 drafts joins the menu where its forward costs this share less than 3 drafts'
 
 
 def tree_size_menu(max_nodes: int, costs=None) -> tuple[int, ...]:
