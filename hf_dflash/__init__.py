@@ -9,6 +9,7 @@ Importing the package registers the drafter with `AutoModel` and installs the `g
 """
 
 from .generation import DFlashGenerateOutput, check_compatible, dflash_decode, generate
+from .generation.compiling import compile_everywhere
 from .generation.hooks import install_hooks, uninstall_hooks
 from .modeling import DFlash2Config, DFlash2DraftModel, DFlashConfig, DFlashDraftModel, default_target_layer_ids
 
@@ -23,6 +24,7 @@ __all__ = [
     "DFlashDraftModel",
     "DFlashGenerateOutput",
     "check_compatible",
+    "compile_everywhere",
     "default_target_layer_ids",
     "dflash_decode",
     "generate",

@@ -238,7 +238,7 @@ def bench_cmd(args) -> int:
     import hf_dflash
 
     from .bench import benchmark, load_prompt_set, write_outputs
-    from .bench.static import compile_everywhere
+    from .generation.compiling import compile_everywhere
     from .devices import resolve_dtype
 
     torch.set_num_threads(args.threads)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .modeling.modeling_dflash import _same_states, _tensor_states
+from .modeling.modeling_dflash import same_states, tensor_states
 
 CHUNK = 512  # the fastest chunk width for a block of rows of a large vocabulary (docs/design.md)
 
@@ -48,10 +48,22 @@ def packing_available() -> bool:
         return False
 
 
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 linear weight [out, in] reordered once into oneDNN's blocked layout (as inductor's CPU freezing
+    does). `packed_linear` multiplies with it."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+
+
+def packed_linear(input: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(input, weight, bias)` with `packed = pack_weight(weight)`: the same kernel, bitwise the same output."""
+    return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
+
+
 class PackedLinear(nn.Linear):
     """`nn.Linear` that, in eager CPU inference with bfloat16 input and weight and no gradient, multiplies with a oneDNN
     prepacked copy of its weight, repacked when the weight changes (another tensor, or an in-place write such as an
-    optimizer step); anywhere else it is `nn.Linear`. The copy is not part of the state dict."""
+    optimizer step); anywhere else it is `nn.Linear`. The copy is not part of the state dict. A weight made under
+    `torch.inference_mode()` counts no in-place writes, so it is never packed: such a layer is `nn.Linear`."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
@@ -62,15 +74,16 @@ class PackedLinear(nn.Linear):
             or input.device.type != "cpu"
             or weight.dtype != torch.bfloat16
             or input.dtype != torch.bfloat16
+            or weight.is_inference()
         ):
             return F.linear(input, weight, self.bias)
         # the same staleness test as the drafter's gathered head: the same weight object at the same `_version`
-        state = (weight.dtype, *_tensor_states(weight))
+        state = (weight.dtype, *tensor_states(weight))
         packed = self.__dict__.get("_packed")
-        if packed is None or not _same_states(packed[0], state):
-            packed = state, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+        if packed is None or not same_states(packed[0], state):
+            packed = state, pack_weight(weight)
             self.__dict__["_packed"] = packed
-        return torch.ops.mkldnn._linear_pointwise(input, packed[1], self.bias, "none", [], "")
+        return packed_linear(input, packed[1], self.bias)
 
     def __getstate__(self):
         # weak references do not pickle (deepcopy, torch.save): the copy is packed again on use

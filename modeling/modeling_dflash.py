@@ -352,19 +352,21 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         # The gather costs milliseconds per `generate` call at a large head: keep it while the head's tensors and the
         # draft vocabulary are the same objects, unmodified (`_version` counts in-place writes such as optimizer
         # steps), and the drafter's dtype is the same. Weak references: the cache never keeps a target alive.
-        state = (dtype, *_tensor_states(weight, bias, self.draft_vocab))
-        if self._draft_head_cache is not None and _same_states(self._draft_head_cache[0], state):
+        state = (dtype, *tensor_states(weight, bias, self.draft_vocab))
+        if self._draft_head_cache is not None and same_states(self._draft_head_cache[0], state):
             return self._draft_head_cache[1]
-        rows = None if self.draft_vocab is None else self.draft_vocab.to(weight.device)
-        weight, bias = weight.detach(), None if bias is None else bias.detach()  # drafts are an argmax: no gradient
-        if rows is not None:
-            weight, bias = weight[rows], None if bias is None else bias[rows]
-        # a module rather than bare tensors: a CPU loop makes it multiply a prepacked weight (`hf_dflash.cpu_ops`)
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
-        linear.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
-        if bias is not None:
-            linear.bias = nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
-        head = linear, None if rows is None else rows.to(device)
+        # ordinary tensors even under inference mode: an inference tensor's version is unknown (`tensor_states`)
+        with torch.inference_mode(False):
+            rows = None if self.draft_vocab is None else self.draft_vocab.to(weight.device)
+            weight, bias = weight.detach(), None if bias is None else bias.detach()  # drafts are an argmax
+            if rows is not None:
+                weight, bias = weight[rows], None if bias is None else bias[rows]
+            # a module rather than bare tensors: a CPU loop makes it multiply a prepacked weight (`hf_dflash.cpu_ops`)
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            linear.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+            if bias is not None:
+                linear.bias = nn.Parameter(bias.to(device=device, dtype=dtype), requires_grad=False)
+            head = linear, None if rows is None else rows.to(device)
         if linear.weight.data_ptr() != weight.data_ptr():  # a copy: keeping the target's own would leak it
             self._draft_head_cache = state, head
         return head
@@ -421,18 +423,16 @@ def _stored_weight(module: nn.Module, name: str = "weight") -> torch.Tensor | No
     return tensor
 
 
-def _tensor_states(*tensors) -> list:
-    return [None if t is None else (weakref.ref(t), t._version) for t in tensors]
+def tensor_states(*tensors) -> list:
+    """A weak reference to each tensor and its `_version` (its in-place writes); None for an inference tensor's, which
+    counts none (made under `torch.inference_mode()`): `same_states` never takes such a tensor for unchanged."""
+    return [None if t is None else (weakref.ref(t), None if t.is_inference() else t._version) for t in tensors]
 
 
-def _same_states(old: tuple, new: tuple) -> bool:
-    """Whether two `(dtype, *_tensor_states(...))` describe the same live tensors at the same versions."""
-    if old[0] != new[0]:
-        return False
-    for a, b in zip(old[1:], new[1:]):
-        if (a is None) != (b is None) or (a is not None and (a[0]() is not b[0]() or a[1] != b[1])):
-            return False
-    return True
+def same_states(old: tuple, new: tuple) -> bool:
+    """Whether two `(dtype, *tensor_states(...))` describe the same live tensors at the same known versions."""
+    return old[0] == new[0] and all((a is None) == (b is None) and (a is None or (
+        a[0]() is b[0]() and a[1] is not None and a[1] == b[1])) for a, b in zip(old[1:], new[1:]))
 
 
 def _default_mask_token_id(target: nn.Module, tokenizer) -> int:

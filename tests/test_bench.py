@@ -439,7 +439,7 @@ def test_oracle_on_the_fixed_shape_path(setup, arch, monkeypatch):
     and the output plain's (the ceiling's forwards write only slots the next verification writes over first, with
     sliding-window layers too), and its ceiling is timed with the path's own compiled forwards, each width compiled
     before it is timed."""
-    from transformers import CompileConfig
+    from hf_dflash import compile_everywhere
 
     from hf_dflash.bench import oracle as oracle_module
     from hf_dflash.generation import loop
@@ -455,8 +455,7 @@ def test_oracle_on_the_fixed_shape_path(setup, arch, monkeypatch):
                         lambda self, tokens, slots: timed.append((
                             tokens.shape[1], self.verify_call(tokens.shape[1]) is self.target.__call__,
                         )) or forward_at(self, tokens, slots))
-    compile_config = CompileConfig(backend="eager", mode=None)
-    compile_config._compile_all_devices = True
+    compile_config = compile_everywhere(backend="eager", mode=None)
     results = benchmark(target, make_drafter(target, block_size=4), tokenizer, {"toy": prompts}, batch_sizes=(1, 2),
                         block_sizes=[4], draft_tree_sizes=[0], max_new_tokens=14, baselines=("plain", "static"),
                         warmup=0, progress=False, oracle=True, cache_implementation="static",
@@ -518,15 +517,14 @@ def test_random_target_oracle_from_the_command_line(tmp_path):
 def _fixed_shape_calls(monkeypatch) -> tuple:
     """A list that gets an entry for each call of the fixed-shape loop, and a compile config for any device with the
     eager backend (quick; the path is the compiled one's)."""
-    from transformers import CompileConfig
+    from hf_dflash import compile_everywhere
 
     from hf_dflash.generation import loop
 
     fixed = []
     real = loop.fixed_shape_loop
     monkeypatch.setattr(loop, "fixed_shape_loop", lambda *a: fixed.append(1) or real(*a))
-    compile_config = CompileConfig(backend="eager", mode=None)
-    compile_config._compile_all_devices = True
+    compile_config = compile_everywhere(backend="eager", mode=None)
     return fixed, compile_config
 
 
@@ -604,3 +602,33 @@ def test_the_gpu_script_runs_on_a_cpu(tmp_path):
     auto = json.loads((tmp_path / "fixed-auto" / "bench_results.json").read_text())["runs"]
     assert [run["tree_size"] for run in auto] == ["auto"] and auto[0]["summary"]["identical"]
     assert "vs plain at its best" in done.stdout
+
+
+def test_the_gpu_script_with_real_weights_runs_on_a_cpu(tmp_path):
+    """examples/fixed_shape_cuda.py's real-weights mode, both stages, on tiny saved folders and a prompt file: every
+    run reported, float32 identical to plain greedy (the script asserts it)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = make_target("qwen3", dtype=torch.float32)
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    make_drafter(target, block_size=4).save_pretrained(tmp_path / "drafter")
+    (tmp_path / "prompts.txt").write_text("abc def\n\nxyz!!\n\nQ?\n")
+    script = Path(__file__).resolve().parents[1] / "examples" / "fixed_shape_cuda.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
+         "--prompts", str(tmp_path / "prompts.txt"), "--stage", "2", "--tree-size", "5", "--device", "cpu",
+         "--dtype", "float32", "--backend", "eager", "--max-new-tokens", "12", "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads((tmp_path / "out" / "real.json").read_text())["runs"]
+    assert [(r["run"], r["batch_size"]) for r in runs] == [
+        (name, batch) for batch in (1, 8) for name in ("plain", "chain", "tree", "auto")]
+    assert all(r["decode_tokens_per_second"] > 0 for r in runs)
+    assert all(r["identical_rows"] == r["rows"] == 3 for r in runs if r["run"] != "plain")

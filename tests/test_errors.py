@@ -66,13 +66,6 @@ def test_config_without_target_layers():
         DFlashConfig()
 
 
-def test_right_padded_batch(target, drafter):
-    ids, mask = left_padded(2)
-    ids, mask = ids.flip(1), mask.flip(1)  # the same prompts, right-padded
-    with pytest.raises(ValueError, match="right-padded.*padding_side = 'left'"):
-        generate(target, drafter, ids, attention_mask=mask)
-
-
 def test_beam_search(target, drafter):
     ids = left_padded(1)[0]
     with pytest.raises(ValueError, match="does not support beam search"):

@@ -6,12 +6,13 @@ import itertools
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from transformers import CompileConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
+from hf_dflash import compile_everywhere
 from hf_dflash.generation import auto_size, kv_cache, loop
 from hf_dflash.generation.auto_size import AutoTreeSize
-from hf_dflash.generation.fixed_shape import FixedShapeDecoder
+from hf_dflash.generation.fixed_shape import FixedShapeDecoder, FixedShapeProposer
 from hf_dflash.generation.forward_costs import ForwardCosts
 from test_cost_model import FLAT, STEEP
 from test_sampling import SAMPLES, exact_distribution, g_test
@@ -78,8 +79,7 @@ def test_one_graph_for_every_step(tree_size, oracle, tree_oracle, request):
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170)
     oracle(correct_upto="random", seed=5)
     tree_oracle({0: [1, 0, 0], 1: [0, 1, 0], 2: [0, None]})
-    compile_config = CompileConfig(backend="aot_eager", fullgraph=True, mode=None)
-    compile_config._compile_all_devices = True  # transformers compiles on a CPU only when asked to
+    compile_config = compile_everywhere(backend="aot_eager", fullgraph=True, mode=None)
     out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=170, assistant_model=drafter,
                           return_dict_in_generate=True, compile_config=compile_config, **STATIC)
     assert torch.equal(out.sequences, plain)
@@ -95,20 +95,29 @@ def test_one_graph_for_every_step(tree_size, oracle, tree_oracle, request):
 
 
 def test_steps_compile_where_transformers_compiles(monkeypatch):
-    """On a CPU, transformers compiles plain decoding only when `compile_config` asks for every device; so does the
-    fixed-shape path, and `disable_compile` turns it off."""
+    """On a CPU, transformers compiles plain decoding only when `compile_config` asks for every device (hf-dflash's
+    public way: `compile_everywhere()`); so does the fixed-shape path, and `disable_compile` turns it off."""
+    assert compile_everywhere("cpu").mode == "default" and compile_everywhere("cuda").mode == "reduce-overhead"
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
     compiled = []
     monkeypatch.setattr("torch.compile", lambda fn, **kwargs: compiled.append(kwargs) or fn)
     target = make_target("qwen3")
     drafter = make_drafter(target, block_size=4)
     ids, mask = left_padded(2)
-    target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter, **STATIC)
-    assert compiled == []
-    compile_config = CompileConfig(backend="aot_eager")
-    compile_config._compile_all_devices = True
-    target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter,
-                    compile_config=compile_config, disable_compile=True, **STATIC)
-    assert compiled == []
+    logger = logging.get_logger("hf_dflash.generation.compiling")
+    type(logger).warning_once.cache_clear()
+    with CaptureLogger(logger) as captured:  # said once: how to compile
+        for _ in range(2):
+            target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter, **STATIC)
+    assert compiled == [] and captured.out.count("compile_config=hf_dflash.compile_everywhere()") == 1
+    compile_config = compile_everywhere(backend="aot_eager")
+    type(logger).warning_once.cache_clear()
+    with CaptureLogger(logger) as captured:  # not when the user asked for no compiling
+        target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter,
+                        compile_config=compile_config, disable_compile=True, **STATIC)
+    assert compiled == [] and captured.out == ""
     target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter,
                     compile_config=compile_config, **STATIC)
     assert len(compiled) == 2 and all(c["backend"] == "aot_eager" for c in compiled)  # the drafter and the target
@@ -355,8 +364,7 @@ def test_auto_changes_the_width_between_steps(arch, batch, tree_oracle, monkeypa
     ids, mask = left_padded(batch)
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40)
     tree_oracle({0: [1, 0, 2, 0], 1: [0, 0, 1, None], 2: [2, 1]})
-    compile_config = CompileConfig(backend="aot_eager", fullgraph=True, mode=None)
-    compile_config._compile_all_devices = True
+    compile_config = compile_everywhere(backend="aot_eager", fullgraph=True, mode=None)
     with torch._dynamo.config.patch(error_on_recompile=True):
         out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=40, assistant_model=drafter,
                               draft_tree_size="auto", compile_config=compile_config, return_dict_in_generate=True,
@@ -381,3 +389,75 @@ def test_auto_reads_the_device_once_per_step(monkeypatch):
         reads[size] = (counter.count, max(len(row) for row in out.acceptance_lengths))
     (fixed, steps), (auto, auto_steps) = reads[7], reads["auto"]
     assert steps == auto_steps >= 20 and auto - fixed == steps
+
+
+# --- as under CUDA graphs ----------------------------------------------------------------------------------------
+
+
+class ReusedOutputs:
+    """A `torch.compile` backend that reuses output memory as CUDA graphs do (`mode="reduce-overhead"`, cudagraph
+    trees' shared pool): a call of any function it compiled overwrites the outputs of the calls before, here with
+    NaN (integers: -1). Code that reads a compiled output after the next compiled call reads garbage, as on a GPU,
+    where torch raises instead. `reads` collects what the drafter's context held at each step."""
+
+    name = "hf_dflash_test_reused_outputs"
+
+    def __init__(self):
+        self.outputs = []
+        torch._dynamo.register_backend(self, name=self.name)
+
+    def __call__(self, graph, example_inputs, **kwargs):
+        def run(*args):
+            for output in self.outputs:
+                output.fill_(float("nan") if output.is_floating_point() else -1)
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            out = graph(*args)
+            self.outputs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+                            and t.untyped_storage().data_ptr() not in inputs]  # not a cache the graph wrote into
+            return out
+
+        return run
+
+
+REUSED_OUTPUTS = ReusedOutputs()
+
+
+@pytest.mark.parametrize("tree_size", [0, 6, "auto"])
+def test_nothing_is_read_after_the_next_compiled_call(tree_size, monkeypatch):
+    """Chains, trees and "auto" (whose accepted path moves in a compiled call after the verification) under a backend
+    that overwrites earlier outputs at every compiled call: plain's tokens, and the drafter's context is never read
+    from an overwritten output."""
+    with_costs(monkeypatch, FLAT)
+    contexts = []
+    real = FixedShapeProposer.extend_context
+    monkeypatch.setattr(FixedShapeProposer, "extend_context", lambda self, features, *args: contexts.append(
+        bool(features.isfinite().all())) or real(self, features, *args))
+    torch._dynamo.reset()
+    target = make_target("qwen3", dtype=torch.float32)
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_padded(2)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
+                          draft_tree_size=tree_size, compile_config=compile_everywhere(backend=REUSED_OUTPUTS.name,
+                                                                                       mode=None), **STATIC)
+    assert torch.equal(out, plain)
+    assert len(contexts) > 5 and all(contexts)
+
+
+def test_caches_keep_their_addresses_across_calls(monkeypatch):
+    """CUDA graphs replay only over the tensors they recorded: a second call of the same shape writes the same
+    cache tensors (no recording inside each `generate`); another batch size gets caches of its own."""
+    addresses, held = [], []  # held: the caches stay alive, so a new one can never reuse their memory
+    real = kv_cache.RowCacheLayer.update
+    monkeypatch.setattr(kv_cache.RowCacheLayer, "update", lambda self, *args, **kwargs: (
+        real(self, *args, **kwargs), addresses[-1].add(self.keys.data_ptr()), held.append(self.keys))[0])
+    target = make_target("qwen3")
+    drafter = make_drafter(target, block_size=4)
+    for batch, seed in ((2, 0), (2, 1), (3, 0)):
+        ids, mask = left_padded(batch, seed=seed)
+        addresses.append(set())
+        out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, assistant_model=drafter,
+                              **STATIC)
+        assert torch.equal(out, target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12))
+    first, second, other = addresses
+    assert first == second and len(first) == len(other) == 4 + 1  # the target's 4 layers and the drafter's 1

@@ -280,8 +280,8 @@ def test_outputs_are_ordinary_tensors(oracle):
 @pytest.mark.parametrize("given", [None, "cache", "static", "offloaded"])
 def test_a_given_cache_is_left_alone_and_said_so(given):
     """The loop keeps its own target cache: a prefilled `cache` is neither read nor extended and another
-    cache implementation is not used, with one warning naming it; "static" selects the fixed-shape path (no
-    warning); the output is plain `generate`'s."""
+    cache implementation is not used, with one warning naming it; "static" selects the fixed-shape path (its only
+    warning: on a CPU, that it runs uncompiled); the output is plain `generate`'s."""
     from transformers import DynamicCache
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging
@@ -307,7 +307,7 @@ def test_a_given_cache_is_left_alone_and_said_so(given):
     expected = {
         None: "",
         "cache": "does not read or extend the given cache (3 cached tokens)",
-        "static": "",
+        "static": "runs DFlash's fixed-shape path uncompiled on cpu",
         "offloaded": "uses its own DynamicCache, not an offloaded DynamicCache",
     }[given]
     assert expected in captured.out and bool(captured.out) == bool(expected)

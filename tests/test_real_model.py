@@ -114,3 +114,28 @@ def test_load_target_by_hub_id_takes_the_packaged_copy():
     target, tokenizer = load_target(SMOLLM2_ID, "bfloat16")
     assert target.dtype == torch.bfloat16 and not target.training
     assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+
+
+def test_the_quick_start_under_inference_mode(smollm2):
+    """The README's quick start (the float32 target, the shipped bfloat16 drafter) wrapped in `torch.inference_mode()`,
+    as inference code does: chain, tree, "auto", the fixed-shape path, sampling and a pipeline all run, greedy output
+    the target's own."""
+    from transformers import pipeline
+
+    target, tokenizer = smollm2
+    drafter = AutoModel.from_pretrained(str(SHIPPED))
+    chat = [{"role": "user", "content": QUESTIONS[0]}]
+    inputs = tokenizer(tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
+                       return_tensors="pt")
+    with torch.inference_mode():
+        plain = target.generate(**inputs, max_new_tokens=12, do_sample=False)
+        for settings in ({}, {"draft_tree_size": 6}, {"draft_tree_size": "auto"}, {"cache_implementation": "static"}):
+            out = target.generate(**inputs, max_new_tokens=12, do_sample=False, assistant_model=drafter, **settings)
+            assert torch.equal(out, plain), settings
+        sampled = target.generate(**inputs, max_new_tokens=12, do_sample=True, assistant_model=drafter)
+        assert sampled.shape[1] > inputs["input_ids"].shape[1]
+        pipe = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=drafter)
+        reply = pipe(chat, max_new_tokens=12, do_sample=False)
+        plain_reply = pipeline("text-generation", model=target, tokenizer=tokenizer)(chat, max_new_tokens=12,
+                                                                                      do_sample=False)
+    assert reply == plain_reply and len(reply[0]["generated_text"][-1]["content"]) > 10

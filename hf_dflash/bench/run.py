@@ -27,7 +27,6 @@ from ..prompts import Prompt, left_padded_batch
 from ..prompts import stop_ids as target_stop_ids
 from .oracle import OracleDrafts, ceilings, oracle_generate
 from .report import to_markdown
-from .static import static_cache_length
 from .timing import PHASES, profiled, timed
 
 BASELINES = ("plain", "static", "prompt_lookup", "native", "reference")
@@ -133,11 +132,12 @@ def benchmark(
     after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio.
 
     Plain `generate` at its best: the "static" baseline runs plain `generate` with a static cache of a bucketed length
-    (`static.STATIC_CACHE_STEP`), compiled where transformers compiles it, at every batch size and mode; each run then
-    also reports DFlash's speedup over the faster of the two plain calls. `cache_implementation="static"` runs the DFlash
-    calls on the fixed-shape path (`hf_dflash.generation.fixed_shape`). `compile_config`: the `CompileConfig` of
-    both (None: transformers' default, which compiles on accelerators only). A call of a new shape (batch, cache
-    length) runs once untimed first, so that compiling stays out of the timing."""
+    (`kv_cache.cache_capacity`, the fixed-shape path's), compiled where transformers compiles it, at every batch size
+    and mode; each run then also reports DFlash's speedup over the faster of the two plain calls.
+    `cache_implementation="static"` runs the DFlash calls on the fixed-shape path (`hf_dflash.generation.fixed_shape`).
+    `compile_config`: the `CompileConfig` of both (None: transformers' default, which compiles on accelerators only;
+    `hf_dflash.compile_everywhere()` on any device). A call of a new shape (batch, cache length) runs once untimed
+    first, so that compiling stays out of the timing; timed calls wait for the device before and after."""
     from tqdm.auto import tqdm
 
     unknown = set(baselines) - set(BASELINES)
@@ -231,20 +231,20 @@ def benchmark(
                     records[tree] = measure_dflash(inputs, plain, plain_rows, shared, tree)
                 for name in active:
                     if name == "static":
-                        length = static_cache_length(prompt_len, max_new_tokens)
+                        length = cache_capacity(prompt_len + max_new_tokens)
                         static = functools.partial(target.generate, **inputs, **kwargs, compile_config=compile_config)
                         fresh = lambda: StaticCache(config=target.config, max_cache_len=length)  # noqa: E731
                         untimed_first(("static", len(batch), length), lambda: static(cache=fresh()))
-                        seq, secs = timed(lambda: static(cache=fresh()))
+                        seq, secs = timed(lambda: static(cache=fresh()), device)
                     elif name == "prompt_lookup":
                         seq, secs = timed(lambda: target.generate(
-                            **inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS))
+                            **inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS), device)
                     elif name == "native":
                         seq, secs = timed(lambda: target.generate(
-                            **inputs, **kwargs, assistant_model=drafters[block], speculation_type="dflash"))
+                            **inputs, **kwargs, assistant_model=drafters[block], speculation_type="dflash"), device)
                     else:
                         seq, secs = timed(lambda: references[block][0].spec_generate(
-                            target, inputs["input_ids"], max_new_tokens, stop_ids or None, temperature=0.0))
+                            target, inputs["input_ids"], max_new_tokens, stop_ids or None, temperature=0.0), device)
                     rows = _new_tokens(seq, prompt_len, stop_ids, max_new_tokens)
                     measured = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
                     for tree in tree_sizes if name == "static" else tree_sizes[:1]:  # every run compares with static

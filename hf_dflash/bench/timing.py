@@ -8,9 +8,18 @@ import torch
 PHASES = ("target_prefill", "target_steps", "drafter_layers", "drafter_head")
 
 
-def timed(fn):
+def synchronize(device) -> None:
+    """Wait for the work queued on `device` (a GPU's; a CPU has none)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device=None):
+    """`fn()` and its wall time, the work it queued on `device` included (waited for before and after)."""
+    synchronize(device)
     start = time.perf_counter()
     out = fn()
+    synchronize(device)
     return out, time.perf_counter() - start
 
 
@@ -89,11 +98,22 @@ class PhaseTimer:
 
 def profiled(fn, target, drafter=None, oracle=None):
     """`fn()`, its wall time and a `PhaseTimer` breakdown of it. With an `OracleDrafts`, its recomputations run in
-    the timer's pauses and are left out of the time."""
+    the timer's pauses and are left out of the time. On a GPU the timer waits for the device at every forward, which
+    would slow the run it times: there the time is a run of its own without the timer, and the phases come from a
+    second run, with the random state of the first (an oracle's run stays one: its pauses wait anyway)."""
+    if target.device.type == "cuda" and oracle is None:
+        with torch.random.fork_rng(devices=[target.device]):
+            out, seconds = timed(fn, target.device)
+        _, _, phases = _profiled(fn, target, drafter, None)
+        return out, seconds, phases
+    return _profiled(fn, target, drafter, oracle)
+
+
+def _profiled(fn, target, drafter, oracle):
     with PhaseTimer(target, drafter) as timer:
         if oracle is not None:
             oracle.pause = timer.pause
-        out, seconds = timed(fn)
+        out, seconds = timed(fn, target.device)
     seconds -= timer.paused_seconds
     phases = dict(timer.seconds, other=seconds - sum(timer.seconds.values()), target_forwards=timer.target_forwards,
                   paused=timer.paused_seconds)

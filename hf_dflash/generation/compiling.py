@@ -4,14 +4,39 @@ import types
 
 import torch
 from transformers.generation import CompileConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+
+def compile_everywhere(device=None, **settings) -> CompileConfig:
+    """A `CompileConfig` that compiles decoding on any device, a CPU too: `generate(..., compile_config=...)` then
+    compiles plain decoding with a static cache and DFlash's fixed-shape path (`cache_implementation="static"`) where
+    transformers' default config compiles on accelerators only. transformers' defaults otherwise, with the mode for
+    `device` (default: CUDA if present, else the CPU): CUDA graphs ("reduce-overhead") on a GPU, inductor's default
+    on a CPU, where CUDA graphs have no part. `settings`: any other `CompileConfig` field (`backend`, `fullgraph`...).
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    settings.setdefault("mode", "default" if torch.device(device).type == "cpu" else "reduce-overhead")
+    config = CompileConfig(**settings)
+    config._compile_all_devices = True  # transformers' own switch for compiling on any device, kept in this one place
+    return config
 
 
 def compile_config_for(target, cache, generation_config) -> CompileConfig | None:
-    """The compile settings where transformers would compile plain decoding with `cache` (its `compile_config`,
-    `disable_compile` and device rules), else None."""
-    if not target._valid_auto_compile_criteria({"cache": cache}, generation_config):
-        return None
-    return generation_config.compile_config or CompileConfig()
+    """The fixed-shape path's compile settings: where transformers would compile plain decoding with `cache` (its
+    `compile_config`, `disable_compile` and device rules), else None, said once unless `disable_compile` asked."""
+    if target._valid_auto_compile_criteria({"cache": cache}, generation_config):
+        return generation_config.compile_config or CompileConfig()
+    if not generation_config.disable_compile:
+        logger.warning_once(
+            f"cache_implementation='static' runs DFlash's fixed-shape path uncompiled on {target.device.type} "
+            "(transformers compiles decoding on accelerators only), which is slower than without a static cache. "
+            "Pass compile_config=hf_dflash.compile_everywhere() to compile it on any device, or leave out "
+            "cache_implementation='static'."
+        )
+    return None
 
 
 def compiled_call(model, compile_config: CompileConfig | None, key=None):

@@ -131,18 +131,17 @@ class Decoder:
             )
         return out
 
-    def prefill(self, input_ids, attention_mask, prompt_mask: torch.BoolTensor):
-        """The target reads the prompts and commits its first token; returns its output (the prompts' features)
-        and the prompts' positions [rows, prompt_len]."""
-        position_ids = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.target_forward(input_ids, attention_mask, position_ids, logits_to_keep=1)
+    def prefill(self, input_ids, attention_mask, prompt_mask: torch.BoolTensor, positions: torch.LongTensor):
+        """The target reads the prompts at `positions` [rows, prompt_len] (`prompt_positions`) and commits its first
+        token; returns its output (the prompts' features)."""
+        out = self.target_forward(input_ids, attention_mask, positions, logits_to_keep=1)
         check_cache(self.cache)  # the layer types exist once the prefill filled the cache
         self.holes = holes_allowed(self.target, self.cache)
         tokens, kept, scores, _ = self.verify(out.logits[:, -1:], DraftTree.chain(input_ids[:, -1:]))  # no drafts
         self.commit(tokens, kept, scores)
         self.target_mask = prompt_mask
-        self.next_pos = prompt_mask.sum(-1)
-        return out, position_ids
+        self.next_pos = positions[:, -1] + 1  # as `generate` goes on: one past the last prompt slot's, mask or not
+        return out
 
     def newest_tokens(self) -> torch.LongTensor:
         """Each live row's newest committed token [rows]: the root of its next tree."""
@@ -406,6 +405,16 @@ class Decoder:
         vocab = next(len(t) for r in per_row for t in r)
         filler = torch.full((vocab,), float("-inf"), device=self.sequences.device)
         return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
+
+
+def prompt_positions(prompt_mask: torch.BoolTensor, position_ids: torch.LongTensor | None = None) -> torch.LongTensor:
+    """The prompts' position ids [rows, prompt_len] as plain `generate` gives them to the model: `position_ids` (what
+    `generate` derived from the attention mask, or the user's), else derived from the mask as transformers derives
+    them (the real tokens counted from 0, masked slots at 0). Each new token then sits one past the token before it,
+    whatever the mask says: after a prompt whose last slot is masked, at 1, 2, ..."""
+    if position_ids is not None and position_ids.dim() == 2:
+        return position_ids.to(prompt_mask.device).expand(prompt_mask.shape)
+    return (prompt_mask.long().cumsum(-1) - 1).masked_fill(~prompt_mask, 0)
 
 
 def _simple_stops(criteria, device) -> tuple:

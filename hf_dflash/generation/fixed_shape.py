@@ -5,9 +5,9 @@ the host reads the device once per step (without "auto", one step late).
 the call's settings allow it (`unsupported_reason` is None) `dflash_decode` runs `fixed_shape_loop` instead of the
 general loop. What changes:
 
-- the target's and the drafter's KV caches are preallocated (`kv_cache.row_cache`) with room for `max_length` and a
-  spare slot for whatever a last step writes past it; each row writes its block at its own slots, and a rejected
-  slot is written over by the next step;
+- the target's and the drafter's KV caches are preallocated (`kv_cache.row_cache`, kept for the next call of the same
+  shape) with room for `max_length` and a spare slot for whatever a last step writes past it; each row writes its
+  block at its own slots, and a rejected slot is written over by the next step;
 - the drafter's context is the whole verified block, its rejected slots masked, instead of the accepted prefix;
 - a tree of drafts (`draft_tree_size=N`) is built on the device (`tree.build_tree_on_device`: always N nodes), and
   the accepted path's keys / values are moved to the slots after the root, where the chain's would be;
@@ -75,12 +75,12 @@ def unsupported_reason(target, drafter, generation_config, logits_processor, sto
 class FixedShapeDecoder:
     """The target side of the fixed-shape path for one `dflash_decode` call.
 
-    Slots: row r's prompt fills slots [0, P) of its caches (left-padded: `key_is_pad`), its token at slot j has
-    position j - pad_r, and `slot` [rows] is where its newest committed token (the next root) goes. A step verifies
-    `verify_width` tokens there: the block, or a tree's root and its nodes (at most `tree_size`)."""
+    Slots: row r's prompt fills slots [0, P) of its caches (masked slots: `key_is_pad`), a new token at slot j has
+    position j + `position_offset[r]`, and `slot` [rows] is where its newest committed token (the next root) goes. A
+    step verifies `verify_width` tokens there: the block, or a tree's root and its nodes (at most `tree_size`)."""
 
     def __init__(self, target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
-                 block_size: int, tree_size: int = 0):
+                 prompt_positions, block_size: int, tree_size: int = 0):
         self.target = target
         self.config = generation_config
         self.processors = logits_processor or []
@@ -101,7 +101,8 @@ class FixedShapeDecoder:
         self.sequences[:, : self.prompt_len] = input_ids
         self.lengths = torch.full((batch,), self.prompt_len, dtype=torch.long, device=device)
         self.slot = self.lengths.clone()
-        self.pads = (~prompt_mask).sum(-1)  # [rows]
+        self.prompt_positions = prompt_positions  # [rows, P]: as `generate` gives them (`decoder.prompt_positions`)
+        self.position_offset = prompt_positions[:, -1] + 1 - self.prompt_len  # [rows]: a new token's, from its slot
         self.key_is_pad = torch.zeros(batch, self.capacity, dtype=torch.bool, device=device)
         self.key_is_pad[:, : self.prompt_len] = ~prompt_mask
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -109,7 +110,7 @@ class FixedShapeDecoder:
         self.steps = 0
         self.widths = []  # each step's verification width, on the host ("auto" chooses it there)
         text_config = target.config.get_text_config()
-        self.cache = row_cache(text_config.num_hidden_layers, self.capacity)
+        self.cache = row_cache(target, text_config.num_hidden_layers, self.capacity, batch)
         self.sliding_window = getattr(text_config, "sliding_window", None)
         types = set(getattr(text_config, "layer_types", None) or [])
         if not types:
@@ -125,7 +126,13 @@ class FixedShapeDecoder:
 
     @property
     def next_pos(self) -> torch.LongTensor:
-        return self.slot - self.pads
+        return self.slot + self.position_offset
+
+    def slot_positions(self, slots: torch.LongTensor) -> torch.LongTensor:
+        """The position ids [rows, n] of the tokens at `slots` [rows, n]: a prompt's as given, a new one's its slot's
+        plus the row's offset."""
+        prompt = self.prompt_positions.gather(1, slots.clamp(max=self.prompt_len - 1))
+        return torch.where(slots < self.prompt_len, prompt, slots + self.position_offset[:, None])
 
     def step_slots(self, width: int) -> torch.LongTensor:
         """The slots [rows, width] of a step's tokens from each row's root on. Those from the cache's last slot on all
@@ -138,11 +145,12 @@ class FixedShapeDecoder:
 
     def _masks(self, query_slots: torch.LongTensor, dtype) -> dict | torch.Tensor:
         """Additive masks [rows, 1, Q, capacity] for queries at `query_slots` [rows, Q]: each sees the real slots up to
-        its own (a padding query sees itself, so that no row of the softmax is empty), sliding layers within their
-        window, counted in slots (positions and slots differ by the row's padding alone)."""
+        its own (as in `generate`: a prompt's masked last slot picks the first token), sliding layers within their
+        window, counted in slots as transformers counts them; a query that sees nothing sees itself."""
         keys = torch.arange(self.capacity, device=query_slots.device)
         distance = query_slots[:, :, None] - keys  # [rows, Q, capacity]
-        visible = ((distance >= 0) & ~self.key_is_pad[:, None, :]) | (distance == 0)
+        visible = (distance >= 0) & ~self.key_is_pad[:, None, :]
+        visible |= (distance == 0) & ~visible.any(-1, keepdim=True)
         masks = {}
         for kind in self.layer_types:
             seen = visible & (distance < self.sliding_window) if kind == "sliding_attention" else visible
@@ -154,7 +162,7 @@ class FixedShapeDecoder:
         """The prompts into the cache at slots [0, P), eagerly, and the first token committed; returns the output."""
         slots = torch.arange(self.prompt_len, device=input_ids.device).expand(len(input_ids), -1)
         set_write_index(self.cache, slots)
-        out = self.target(input_ids=input_ids, position_ids=(slots - self.pads[:, None]).clamp(min=0),
+        out = self.target(input_ids=input_ids, position_ids=self.prompt_positions,
                           attention_mask=self._masks(slots, self.target.dtype), cache=self.cache, use_cache=True,
                           output_hidden_states=True, logits_to_keep=1)
         self.compile_config = compile_config_for(self.target, self.cache, self.config)
@@ -205,7 +213,8 @@ class FixedShapeDecoder:
 
     def _tree_masks(self, tree: DraftTree, dtype) -> dict | torch.Tensor:
         """`_masks` for a tree at the slots from each row's root on: a node sees the real slots before the root and
-        its own ancestors; sliding layers count the distance in positions (a node's is the root's + its depth)."""
+        its own ancestors; sliding layers count the distance in slots, a node's being the root's + its depth (where
+        the chain through it would sit)."""
         rows, width = tree.tokens.shape
         keys = torch.arange(self.capacity, device=tree.tokens.device)
         in_tree = keys - self.slot[:, None]  # [rows, capacity]: the key's tree slot where 0 <= it < T
@@ -217,10 +226,9 @@ class FixedShapeDecoder:
         for kind in self.layer_types:
             seen = visible
             if kind == "sliding_attention":
-                key_pos = torch.where(is_node, self.next_pos[:, None] + tree.depths.gather(1, tree_slot),
-                                      keys - self.pads[:, None])
-                query_pos = self.next_pos[:, None] + tree.depths
-                seen = visible & (query_pos[:, :, None] - key_pos[:, None, :] < self.sliding_window)
+                key_at = torch.where(is_node, self.slot[:, None] + tree.depths.gather(1, tree_slot), keys)
+                query_at = self.slot[:, None] + tree.depths
+                seen = visible & (query_at[:, :, None] - key_at[:, None, :] < self.sliding_window)
             masks[kind] = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
                 ~seen, torch.finfo(dtype).min)[:, None]
         return next(iter(masks.values())) if len(masks) == 1 else masks
@@ -228,7 +236,7 @@ class FixedShapeDecoder:
     def forward_at(self, tokens: torch.LongTensor, query_slots: torch.LongTensor):
         """The (compiled) target forward over `tokens` [rows, Q] at `query_slots` [rows, Q], writing the cache where
         its layers' write index says."""
-        return self.verify_call(tokens.shape[1])(input_ids=tokens, position_ids=query_slots - self.pads[:, None],
+        return self.verify_call(tokens.shape[1])(input_ids=tokens, position_ids=self.slot_positions(query_slots),
                                 attention_mask=self._masks(query_slots, self.target.dtype), cache=self.cache,
                                 use_cache=True, output_hidden_states=True)
 
@@ -353,7 +361,7 @@ class FixedShapeProposer(DFlashProposer):
         self.decoder = decoder
         self.auto = auto  # with it, `tree_size` is the widest tree it may choose (`auto_size.fixed_shape_auto`)
         self.live = None  # the rows that were live when "auto" chose the step's size
-        self.cache = row_cache(drafter.config.num_hidden_layers, decoder.capacity)
+        self.cache = row_cache(drafter, drafter.config.num_hidden_layers, decoder.capacity, len(decoder.slot))
         self.drafter_call, self.compiled = drafter.__call__, False
         config = drafter.config
         self.layer_types = set(config.layer_types or ["full_attention"])
@@ -396,14 +404,12 @@ class FixedShapeProposer(DFlashProposer):
         drafter = self.drafter
         device = drafter.device
         features, context_slots = self.context
-        context_slots = context_slots.to(device)
+        block_slots = decoder.slot[:, None] + decoder.offsets[:verify_len]
+        positions = decoder.slot_positions(torch.cat([context_slots, block_slots], dim=1)).to(device)
+        context_slots, block_slots = context_slots.to(device), block_slots.to(device)
         set_write_index(self.cache, context_slots)
-        root = decoder.slot.to(device)
-        pads = decoder.pads.to(device)
-        block_ids = torch.full((len(root), verify_len), drafter.config.mask_token_id, dtype=torch.long, device=device)
+        block_ids = torch.full(block_slots.shape, drafter.config.mask_token_id, dtype=torch.long, device=device)
         block_ids[:, 0] = decoder.newest_tokens().to(device)
-        block_slots = root[:, None] + decoder.offsets[:verify_len].to(device)
-        positions = (torch.cat([context_slots, block_slots], dim=1) - pads[:, None]).clamp(min=0)
         hidden = self.drafter_call(
             noise_embeds=drafter.embed(self.target, block_ids).to(device),
             context_hidden_states=features.to(device),
@@ -449,9 +455,11 @@ def fixed_shape_loop(proposer: FixedShapeProposer, decoder: FixedShapeDecoder, i
             break
         tree = proposer.propose(decoder, decoder.block_size)  # [rows, T]: the newest token, then the drafts
         out = decoder.verify_forward(tree)
+        # Read before the next compiled call: under CUDA graphs that call may reuse the memory of this one's outputs
+        features = proposer.features(out.hidden_states)  # a copy: [rows, T, F]
         written, path, kept = decoder.accept(out.logits, tree)  # [rows, B]: the slots the block / path went to
         proposer.accepted(tree, path, kept - 1)
-        proposer.extend_context(proposer.features(out.hidden_states), written, path)
+        proposer.extend_context(features, written, path)
         flags.publish(decoder.finished)
 
 

@@ -81,8 +81,9 @@ def keep_verified(cache, valid: torch.BoolTensor, keep: torch.BoolTensor, shift:
             if tail >= layer.sliding_window:
                 layer.keys = layer.keys[..., -layer.sliding_window + 1 :, :]
                 layer.values = layer.values[..., -layer.sliding_window + 1 :, :]
-    order = torch.sort(slots.to(torch.int8), dim=1, stable=True).indices
-    return slots.gather(1, order)
+    # each row's mask moves as its slots did: right by what it rejected (a masked slot inside a prompt stays masked)
+    moved = torch.arange(slots.shape[1], device=slots.device) - (longest - keep.sum(-1))[:, None]
+    return slots.gather(1, moved.clamp(min=0)) & (moved >= 0)
 
 
 def warn_unused_cache(cache) -> None:
@@ -160,9 +161,18 @@ def cache_capacity(max_length: int) -> int:
     return -(-(max_length + 1) // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def row_cache(num_layers: int, capacity: int) -> Cache:
-    """A cache of `num_layers` `RowCacheLayer`s of `capacity` slots each (allocated at the first update)."""
-    return Cache(layers=[RowCacheLayer(capacity) for _ in range(num_layers)])
+def row_cache(owner: torch.nn.Module, num_layers: int, capacity: int, batch_size: int) -> Cache:
+    """A cache of `num_layers` `RowCacheLayer`s of `capacity` slots each (allocated at the first update) for `owner`'s
+    forwards, kept on `owner` as transformers keeps a static cache (one per model; a call of another shape replaces
+    it): every call of the same shape writes the same tensors, so CUDA graphs recorded over their addresses replay
+    instead of recording again inside each `generate`. What an earlier call left in it is never read: a step's masks
+    show each row only slots written in this call (the prompt's, then each step's from its root on)."""
+    key = (num_layers, capacity, batch_size, owner.dtype, owner.device)
+    kept = owner.__dict__.get("_hf_dflash_row_cache")
+    if kept is None or kept[0] != key:
+        kept = owner.__dict__["_hf_dflash_row_cache"] = key, Cache(layers=[RowCacheLayer(capacity)
+                                                                            for _ in range(num_layers)])
+    return kept[1]
 
 
 def set_write_index(cache: Cache, write_index: torch.LongTensor) -> None:

@@ -19,7 +19,7 @@ from ..devices import without_cudnn_attention
 from ..modeling import DFlashDraftModel
 from ..native import as_dflash_drafter, is_native_drafter
 from .auto_size import fixed_shape_auto
-from .decoder import Decoder
+from .decoder import Decoder, prompt_positions
 from .fixed_shape import (
     FixedShapeDecoder,
     FixedShapeProposer,
@@ -125,11 +125,7 @@ def dflash_decode(
         raise ValueError("DFlash generation needs input_ids (prompts given as inputs_embeds are not supported).")
     batch = input_ids.shape[0]
     prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    if batch > 1 and not prompt_mask[:, -1].all():
-        raise ValueError(
-            "The batch is right-padded: DFlash (like any decoder-only generation) needs left padding. "
-            "Set tokenizer.padding_side = 'left'."
-        )
+    positions = prompt_positions(prompt_mask, model_kwargs.get("position_ids"))
     _warn_ignored(generation_config)
     # sampling: a chain's drafts are drawn at the target's temperature, and the target's rejection step reads their
     # distribution
@@ -143,8 +139,8 @@ def dflash_decode(
                                     settings["draft_tree_size"], assistant_confidence_threshold)
         if reason is None:
             proposer_class, decoder_class = sides("fixed_shape") if sides else (FixedShapeProposer, FixedShapeDecoder)
-            return _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
-                                       generation_config, settings, proposer_class, decoder_class)
+            return _fixed_shape_decode(target, drafter, input_ids, prompt_mask, positions, logits_processor,
+                                       stopping_criteria, generation_config, settings, proposer_class, decoder_class)
         logger.warning_once(f"cache_implementation='static': this call runs on the general loop, because of {reason}.")
     else:
         warn_unused_cache(model_kwargs.get("cache"))
@@ -161,11 +157,11 @@ def dflash_decode(
         # Inference mode rather than `generate`'s no_grad: less bookkeeping per operation (docs/design.md). What the
         # loop makes in it stays inside; `result` returns ordinary tensors.
         with torch.inference_mode():
-            speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask)
+            speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask, positions)
     return decoder.result()
 
 
-def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processor, stopping_criteria,
+def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, positions, logits_processor, stopping_criteria,
                         generation_config, settings, proposer_class, decoder_class):
     """`dflash_decode` on the fixed-shape path (`hf_dflash.generation.fixed_shape`); `settings` holds the call's
     tree size."""
@@ -176,17 +172,17 @@ def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, logits_processo
         auto = fixed_shape_auto(target, len(input_ids), block_size)
         settings = {**settings, "draft_tree_size": auto.max_nodes}
     decoder = decoder_class(target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
-                            block_size, settings["draft_tree_size"])
+                            positions, block_size, settings["draft_tree_size"])
     proposer = proposer_class(target, drafter, decoder=decoder, auto=auto, **settings)
-    with torch.inference_mode():
+    with without_cudnn_attention(input_ids.device), torch.inference_mode():  # the prefill's prompt length is new
         fixed_shape_loop(proposer, decoder, input_ids)
     return decoder.result()
 
 
-def speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask) -> None:
+def speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask, positions) -> None:
     """Prefill, then propose / verify / commit until every row has stopped; the tokens accumulate in `decoder`."""
     # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
-    out, positions = decoder.prefill(input_ids, attention_mask, prompt_mask)
+    out = decoder.prefill(input_ids, attention_mask, prompt_mask, positions)
     proposer.extend_context(proposer.features(out.hidden_states), prompt_mask, positions)
     _drop_finished(proposer, decoder)
 
