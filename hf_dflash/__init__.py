@@ -8,6 +8,7 @@ Importing the package registers the drafter with `AutoModel` and installs the `g
 (`hf_dflash.generation.hooks`); both act only on DFlash drafters.
 """
 
+from . import hub  # noqa: F401 (it gives save_pretrained its model card writer)
 from .generation import DFlashGenerateOutput, check_compatible, dflash_decode, generate
 from .generation.compiling import compile_everywhere
 from .generation.hooks import install_hooks, uninstall_hooks

@@ -38,7 +38,7 @@ def count_bigram_prior(
     mix: float = DEFAULTS["mix"],
     min_count: int = DEFAULTS["min_count"],
 ) -> tuple[torch.LongTensor, torch.Tensor]:
-    """The prior of `(input_ids, loss_mask)` samples (as `hf_dflash.data.load_samples` gives): every supervised
+    """The prior of `(input_ids, loss_mask)` samples (as `hf_dflash.training.data.load_samples` gives): every supervised
     (response) token x and the token a before it, prompt or response. Returns `keys` [E], sorted (a * vocab_size
     + x), and `boosts` [E] float32, for the pairs seen at least `min_count` times whose x the drafter can propose
     (`draft_vocab`, or any token)."""

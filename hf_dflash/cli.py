@@ -43,8 +43,8 @@ def demo(args) -> int:
 
     from .bench.run import first_difference
     from .bench.static import dflash_static_timer, plain_static_timer
-    from .prompts import chat_inputs
     from .devices import resolve_dtype
+    from .prompts import chat_inputs
 
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, args.dtype)
@@ -56,7 +56,8 @@ def demo(args) -> int:
         drafter, trained = AutoModel.from_pretrained(str(SHIPPED_DRAFTER), dtype=drafter_dtype), True
     else:
         torch.manual_seed(0)
-        drafter, trained = hf_dflash.DFlashDraftModel.from_target(target, 1, args.block_size, tokenizer=tokenizer), False
+        drafter = hf_dflash.DFlashDraftModel.from_target(target, 1, args.block_size, tokenizer=tokenizer)
+        trained = False
     drafter.to(drafter_dtype).eval()
     print(f"target: {args.target} | drafter: {args.drafter or ('shipped' if trained else 'untrained, random')} "
           f"| block size {drafter.block_size} | draft tree {drafter.draft_tree_size or 'none (chain)'} | confidence "
@@ -119,7 +120,8 @@ def demo(args) -> int:
                 print("ERROR: DFlash with a static cache differs from plain greedy generate", file=sys.stderr)
                 return 1
     print(f"\nacceptance length (tokens per target forward): {committed / max(steps, 1):.2f}")
-    print(f"time: plain generate {total_plain:.2f} s, DFlash {total_fast:.2f} s -> speedup {total_plain / total_fast:.2f}x"
+    print(f"time: plain generate {total_plain:.2f} s, DFlash {total_fast:.2f} s -> speedup "
+          f"{total_plain / total_fast:.2f}x"
           f" (measured in this run, {args.num_prompts} prompts, {args.max_new_tokens} max new tokens)")
     if static is not None:
         best = min(total_plain, total_static)
@@ -238,8 +240,8 @@ def bench_cmd(args) -> int:
     import hf_dflash
 
     from .bench import benchmark, load_prompt_set, write_outputs
-    from .generation.compiling import compile_everywhere
     from .devices import resolve_dtype
+    from .generation.compiling import compile_everywhere
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -319,7 +321,8 @@ def _add_training_args(parser) -> None:
         elif kind == list[int] | None:
             parser.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
         else:
-            base = kind if kind in (int, float, str) else next(t for t in typing.get_args(kind) if t in (int, float, str))
+            simple = (int, float, str)
+            base = kind if kind in simple else next(t for t in typing.get_args(kind) if t in simple)
             parser.add_argument(flag, type=base, default=default, required=required, help=help_text)
 
 

@@ -2,8 +2,8 @@
 
 - `argmax`: the verification's greedy choice over a block's logits. torch's `max(-1)` over a block of bfloat16
   logits cost more than anything else in the loop but the two forwards; a first pass of `amax` over chunks
-  (vectorized) and a `max` inside the one chunk holding the maximum take about half as long, with the same first
-  index of the maximum (docs/design.md).
+  (vectorized) and a `max` inside the one chunk holding the maximum take less time, with the same first index of
+  the maximum (docs/design.md, "CPU operations").
 - `PackedLinear`: `F.linear` with bfloat16 weights hands oneDNN a row-major weight, which it reorders into its
   blocked layout on every call; for the few rows a drafter multiplies per step that reorder is a large share of
   the call. `pack_linears(drafter)` makes its linears multiply with a copy packed once

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 
+from .modeling import DFlashDraftModel
+
 TRAINING_ARGS = "training_args.json"
 RESULTS = "bench_results.json"
 REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")  # plus the files a folder's `auto_map` names
@@ -19,8 +21,8 @@ REMOTE_CODE = ("configuration_dflash.py", "modeling_dflash.py")  # plus the file
 
 def _draft_tree(size) -> str:
     if size == "auto":
-        return ('"auto" (hf-dflash extension: a tree of drafts sized per step from the target\'s forward costs measured '
-                "on your machine; other readers verify the chain)")
+        return ('"auto" (hf-dflash extension: a tree of drafts sized per step from the target\'s forward costs '
+                "measured on your machine; other readers verify the chain)")
     return f"{size} nodes (hf-dflash extension)" if size else "none: the chain of argmax drafts"
 
 
@@ -149,3 +151,7 @@ def push_drafter(folder, repo_id: str, *, private: bool = False, token: str | No
 
 
 __all__ = ["push_drafter", "render_model_card", "write_model_card"]
+
+
+# `save_pretrained` writes a card with it: the modeling code stays free of imports from the rest of hf_dflash
+DFlashDraftModel.card_writer = staticmethod(write_model_card)

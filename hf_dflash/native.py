@@ -20,7 +20,8 @@ _RENAMED = {"encoder.fc.weight": "fc.weight", "encoder.output_norm_enc.weight": 
 
 def is_native_drafter(model) -> bool:
     """Whether `model` is one of transformers' own DFlash drafters."""
-    return isinstance(model, nn.Module) and getattr(getattr(model, "config", None), "model_type", None) in NATIVE_MODEL_TYPES
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return isinstance(model, nn.Module) and model_type in NATIVE_MODEL_TYPES
 
 
 def as_dflash_drafter(native: nn.Module, vocab_size: int) -> DFlashDraftModel:

@@ -136,7 +136,8 @@ class DFlash2DraftModel(DFlashDraftModel):
             logits, token_ids = self.compute_logits(hidden_states, output_head), None
         else:
             linear, token_ids = head
-            logits = self._scale_logits(linear(hidden_states.to(device=linear.weight.device, dtype=linear.weight.dtype)))
+            weight = linear.weight
+            logits = self._scale_logits(linear(hidden_states.to(device=weight.device, dtype=weight.dtype)))
         k = min(self.candidate_selector.top_k, logits.shape[-1])
         logits, ids = logits.topk(k, dim=-1)  # [rows, D, K]
         ids = ids if token_ids is None else token_ids[ids]

@@ -16,11 +16,11 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from transformers.generation.streamers import BaseStreamer
 
 import hf_dflash
 from hf_dflash import DFlashDraftModel
 from hf_dflash.generation import DFlashProposer
-from transformers.generation.streamers import BaseStreamer
 
 # Tiny models gain nothing from threads, and OpenMP threads spinning on a shared 2-core machine slow small ops 100x.
 torch.set_num_threads(1)
@@ -65,7 +65,8 @@ def make_target(arch: str = "qwen3", dtype=torch.float64, seed: int = 0, **overr
 def make_drafter(target, block_size: int = 4, num_hidden_layers: int = 1, seed: int = 1, **kwargs):
     torch.manual_seed(seed)
     kwargs.setdefault("mask_token_id", MASK)
-    return DFlashDraftModel.from_target(target, num_hidden_layers=num_hidden_layers, block_size=block_size, **kwargs).eval()
+    drafter = DFlashDraftModel.from_target(target, num_hidden_layers=num_hidden_layers, block_size=block_size, **kwargs)
+    return drafter.eval()
 
 
 def left_padded(batch: int, lengths=None, seed: int = 0):
@@ -123,7 +124,8 @@ def oracle(monkeypatch):
         instance = Oracle(correct_upto, seed)
         monkeypatch.setattr(DFlashProposer, "draft_chain", lambda self, decoder, n: instance(self, decoder, n))
         # under sampling too: point-mass drafts, not drafts drawn from the drafter
-        monkeypatch.setattr(DFlashProposer, "sample_chain", lambda self, decoder, n: (*instance(self, decoder, n), None))
+        monkeypatch.setattr(DFlashProposer, "sample_chain",
+                            lambda self, decoder, n: (*instance(self, decoder, n), None))
         return instance
 
     return install

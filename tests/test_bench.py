@@ -47,7 +47,8 @@ def test_numbers_are_consistent(results):
         if s["plain_new_tokens"] == s["dflash_new_tokens"]:
             assert s["speedup_per_token"] == pytest.approx(s["speedup"])
         assert s["plain_seconds"] == sum(r["plain"]["seconds"] for r in run["prompts"])
-        assert sum(s["histogram"]) == s["steps"] == sum(len(row) for r in run["prompts"] for row in r["acceptance_lengths"])
+        steps = sum(len(row) for r in run["prompts"] for row in r["acceptance_lengths"])
+        assert sum(s["histogram"]) == s["steps"] == steps
         assert sum(k * c for k, c in enumerate(s["histogram"])) == s["committed"]
         assert s["tau"] == s["committed"] / s["steps"]
         for record in run["prompts"]:
@@ -318,7 +319,8 @@ def test_oracle_drafts_are_all_right(setup, prior):
     lines = results["markdown"].splitlines()
     at = lines.index("| set | batch | block | tree | tau | wrong drafts | resyncs | t(1) ms | t(verified) ms | speedup "
                      "| decode speedup | ceiling | decode speedup / ceiling | ceiling of its steps "
-                     "| decode speedup / that | / the calls' forwards | vs plain at its best: decode speedup / ceiling |")
+                     "| decode speedup / that | / the calls' forwards "
+                     "| vs plain at its best: decode speedup / ceiling |")
     assert all(line.startswith("| toy |") for line in lines[at + 2 : at + 10])
     with pytest.raises(ValueError, match="greedy"):
         benchmark(target, drafter, tokenizer, {"toy": prompts}, modes=("sampling",), oracle=True, progress=False)
@@ -433,6 +435,7 @@ def test_oracle_drafts_end_at_a_stop_token(setup, monkeypatch):
     assert results["runs"][0]["prompts"][0]["acceptance_lengths"] == [[2]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_oracle_on_the_fixed_shape_path(setup, arch, monkeypatch):
     """`cache_implementation="static"` runs the oracle on the fixed-shape path, compiled: every draft stays right
@@ -440,7 +443,6 @@ def test_oracle_on_the_fixed_shape_path(setup, arch, monkeypatch):
     sliding-window layers too), and its ceiling is timed with the path's own compiled forwards, each width compiled
     before it is timed."""
     from hf_dflash import compile_everywhere
-
     from hf_dflash.bench import oracle as oracle_module
     from hf_dflash.generation import loop
 
@@ -518,7 +520,6 @@ def _fixed_shape_calls(monkeypatch) -> tuple:
     """A list that gets an entry for each call of the fixed-shape loop, and a compile config for any device with the
     eager backend (quick; the path is the compiled one's)."""
     from hf_dflash import compile_everywhere
-
     from hf_dflash.generation import loop
 
     fixed = []
@@ -528,6 +529,7 @@ def _fixed_shape_calls(monkeypatch) -> tuple:
     return fixed, compile_config
 
 
+@pytest.mark.slow
 def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch, tmp_path):
     """The static baseline runs at every batch size and mode; each run's speedup is also reported against the faster
     plain call; `cache_implementation="static"` sends the DFlash calls down the fixed-shape path; a call of a new
@@ -539,13 +541,15 @@ def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch, tmp_path
     monkeypatch.setattr(type(target), "generate", lambda self, *a, **k: calls.append(k.get("cache")) or generate(
         self, *a, **k))
     out = benchmark(target, drafter, tokenizer, {"toy": prompts}, block_sizes=[4], batch_sizes=[1, 2],
-                    modes=("greedy", "sampling"), draft_tree_sizes=[0, 2], max_new_tokens=6, baselines=("plain", "static"),
+                    modes=("greedy", "sampling"), draft_tree_sizes=[0, 2], max_new_tokens=6,
+                    baselines=("plain", "static"),
                     warmup=0, progress=False, cache_implementation="static", compile_config=compile_config)
     assert fixed  # tree size 0 ran on the fixed-shape path (2 falls back to the general loop)
     for run in out["runs"]:
         s, static = run["summary"], run["baselines"]["static"]
         assert static["speedup"] == pytest.approx(s["plain_seconds"] / static["seconds"])
-        assert s["speedup_best_plain"] == pytest.approx(min(s["plain_seconds"], static["seconds"]) / s["dflash_seconds"])
+        best_plain = min(s["plain_seconds"], static["seconds"])
+        assert s["speedup_best_plain"] == pytest.approx(best_plain / s["dflash_seconds"])
         if run["mode"] == "greedy":
             assert static["identical"] and s["identical"]
     for run in out["runs"]:  # split into phases or not (compiled forwards run no hooks), a step's time adds up
@@ -576,6 +580,7 @@ def test_demo_times_dflash_at_its_best(setup, monkeypatch):
         assert torch.equal(out.sequences, plain) and out.acceptance_lengths
 
 
+@pytest.mark.slow
 def test_the_gpu_script_runs_on_a_cpu(tmp_path):
     """examples/fixed_shape_cuda.py end to end on a tiny random shape: the same code path as on a GPU (its CUDA-only
     synchronisation count skipped), compiled with the eager backend to stay quick; the oracle's run compares with
@@ -604,6 +609,7 @@ def test_the_gpu_script_runs_on_a_cpu(tmp_path):
     assert "vs plain at its best" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_gpu_script_with_real_weights_runs_on_a_cpu(tmp_path):
     """examples/fixed_shape_cuda.py's real-weights mode, both stages, on tiny saved folders and a prompt file: every
     run reported, float32 identical to plain greedy (the script asserts it)."""

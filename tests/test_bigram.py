@@ -6,11 +6,12 @@ import itertools
 import pytest
 import torch
 
-from conftest import ARCHITECTURES, MASK, left_padded, make_drafter, make_target
 from hf_dflash import DFlashDraftModel
 from hf_dflash.bigram import conditional_chain, conditional_probs, count_bigram_prior, lookup
 from hf_dflash.generation import DFlashProposer
 from hf_dflash.generation.tree import build_tree
+
+from conftest import MASK, left_padded, make_drafter, make_target
 from test_complete import greedy
 from test_tree import SETTINGS, draw_tree, exact_distribution, g_test, small_drafter, small_target  # noqa: F401
 

@@ -16,6 +16,7 @@ from transformers import (
 )
 
 import hf_dflash
+
 from conftest import ForwardCounter, Recorder, left_padded, make_drafter, make_target, make_tokenizer
 
 NEW = 20

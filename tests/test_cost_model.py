@@ -6,7 +6,6 @@ import json
 import pytest
 import torch
 
-from conftest import ForwardCounter, left_padded, make_drafter, make_target
 from hf_dflash.generation import forward_costs
 from hf_dflash.generation.auto_size import NodeCalibration, choose_tree_size, tree_size_menu
 from hf_dflash.generation.forward_costs import (
@@ -17,6 +16,8 @@ from hf_dflash.generation.forward_costs import (
     measure_forward_costs,
 )
 from hf_dflash.generation.tree import DraftTree
+
+from conftest import ForwardCounter, left_padded, make_drafter, make_target
 from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
 FLAT = ForwardCosts((1, 2, 4, 8, 16, 32), (0.01,) * 6)  # a GPU: every verification costs a one-token step

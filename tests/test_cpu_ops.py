@@ -8,8 +8,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from conftest import left_padded, make_drafter, make_target
 from hf_dflash.cpu_ops import CHUNK, PackedLinear, argmax, pack_linears, packing_available
+
+from conftest import left_padded, make_drafter, make_target
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])

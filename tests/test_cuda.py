@@ -7,7 +7,7 @@ import torch
 from conftest import MASK, left_padded, make_drafter, make_target
 from test_bigram import record_proposals, with_prior
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def on_cuda(arch: str, block_size: int, dtype=torch.float64):
@@ -63,7 +63,10 @@ def test_the_loop_runs_without_cudnn_attention():
     # cuDNN attention builds a graph per new key length (~60 ms on an H200), and every step has a new one
     target, drafter = on_cuda("qwen3", block_size=8, dtype=torch.bfloat16)
     seen = []
-    record = lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+
+    def record(*_):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+
     handles = [m.register_forward_pre_hook(record) for m in (target, drafter)]
     ids, mask = left_padded(2)
     try:

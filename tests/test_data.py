@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from conftest import make_target, make_tokenizer
 from hf_dflash.prompts import DataError, read_prompts
 from hf_dflash.training.data import load_samples, prepare_data
+
+from conftest import make_target, make_tokenizer
 
 
 def write(path, lines):
@@ -21,7 +22,8 @@ def test_prompt_formats(tmp_path):
         json.dumps({"question": "gsm8k style", "answer": "ignored"}),
         json.dumps({"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "chat"},
                                  {"role": "assistant", "content": "old reply, regenerated"}]}),
-        json.dumps({"id": "sg", "conversations": [{"from": "human", "value": "sharegpt"}, {"from": "bing", "value": "x"},
+        json.dumps({"id": "sg", "conversations": [{"from": "human", "value": "sharegpt"},
+                                                  {"from": "bing", "value": "x"},
                                                   {"from": "human", "value": "later"}, {"from": "gpt", "value": "y"}]}),
         json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                                  {"role": "user", "content": "second turn"}]}),
@@ -36,7 +38,8 @@ def test_prompt_formats(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps([{"instruction": "alpaca"}, {"prompt": "mbpp", "task_id": 7}]))
     assert [p.id for p in read_prompts(tmp_path / "a.json")][1] == "7"
     write(tmp_path / "t.txt", ["first paragraph", "still first", "", "second"])
-    assert [p.messages[0]["content"] for p in read_prompts(tmp_path / "t.txt")] == ["first paragraph\nstill first", "second"]
+    contents = [p.messages[0]["content"] for p in read_prompts(tmp_path / "t.txt")]
+    assert contents == ["first paragraph\nstill first", "second"]
     assert len(list(read_prompts(jsonl, limit=2))) == 2
 
 
@@ -66,7 +69,8 @@ def chat_tokenizer():
 
 def test_prepare_data_masks_only_the_response_and_resumes(tmp_path, chat_tokenizer):
     target = make_target("qwen3", dtype=torch.float32)
-    prompts = list(read_prompts(write(tmp_path / "p.jsonl", [json.dumps({"prompt": c * (i + 2)}) for i, c in enumerate("abcde")])))
+    lines = [json.dumps({"prompt": c * (i + 2)}) for i, c in enumerate("abcde")]
+    prompts = list(read_prompts(write(tmp_path / "p.jsonl", lines)))
     out = tmp_path / "data.jsonl"
     stats = prepare_data(target, chat_tokenizer, prompts[:3], out, max_new_tokens=6, batch_size=2)
     assert stats.written == 3 and stats.response_tokens == 18

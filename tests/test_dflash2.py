@@ -12,6 +12,7 @@ import hf_dflash
 from hf_dflash import DFlash2Config, DFlash2DraftModel, DFlashDraftModel
 from hf_dflash.bigram import conditional_chain
 from hf_dflash.generation import DFlashProposer
+
 from conftest import ARCHITECTURES, MASK, Recorder, left_padded, make_target, make_tokenizer
 
 # The published drafters' layout: sliding-window layers that see the whole block (`is_causal: false`). A window
@@ -91,7 +92,8 @@ def test_reference_files_load_here(tmp_path):
     published = tmp_path / "published"
     loaded.save_pretrained(published)
     again = hf_dflash.DFlash2DraftModel.from_pretrained(published, dtype=torch.float32)
-    assert torch.equal(again.candidate_selector.successor_codebook.weight, theirs.candidate_selector.successor_codebook.weight)
+    codebooks = (model.candidate_selector.successor_codebook.weight for model in (again, theirs))
+    assert torch.equal(*codebooks)
 
 
 def test_a_dflash2_config_is_refused_by_the_dflash_class(tmp_path):
@@ -272,10 +274,10 @@ def test_one_training_step_updates_the_convolutions_and_the_selector():
 def test_train_a_dflash2_drafter_from_a_dflash_one(tmp_path):
     """`--architecture dflash2`, warm-started from a DFlash drafter (`--init-from`): its convolutions start as the
     identity, so the first loss is the DFlash drafter's; the saved folder is a DFlash2 drafter in the z-lab format."""
-    from test_training import tiny_data
-
     from hf_dflash.training import TrainingConfig, train
+
     from conftest import make_tokenizer
+    from test_training import tiny_data
 
     target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
     tiny_data(target, tmp_path / "data.jsonl", n=8)

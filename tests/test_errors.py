@@ -6,6 +6,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import hf_dflash
 from hf_dflash import DFlashConfig, DFlashDraftModel
+
 from conftest import MASK, left_padded, make_drafter, make_target, make_tokenizer
 
 

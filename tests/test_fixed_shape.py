@@ -8,15 +8,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
 from hf_dflash import compile_everywhere
 from hf_dflash.generation import auto_size, kv_cache, loop
 from hf_dflash.generation.auto_size import AutoTreeSize
 from hf_dflash.generation.fixed_shape import FixedShapeDecoder, FixedShapeProposer
 from hf_dflash.generation.forward_costs import ForwardCosts
+
+from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
 from test_cost_model import FLAT, STEEP
-from test_sampling import SAMPLES, exact_distribution, g_test
-from test_sampling import drafter, greedy_oracle, target  # noqa: F401 (fixtures: test_sampling's 8-token target)
+from test_sampling import SAMPLES, drafter, exact_distribution, g_test, greedy_oracle, target  # noqa: F401 (fixtures: test_sampling's 8-token target)
 from test_tree import PROBS, calibrated_oracle, draw_tree, tree_oracle  # noqa: F401 (fixtures)
 
 STATIC = dict(cache_implementation="static")
@@ -65,6 +65,7 @@ def test_eos_inside_a_block_and_the_max_length_cut(oracle):
     assert (plain[0] == eos).any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree_size", [0, 6])
 def test_one_graph_for_every_step(tree_size, oracle, tree_oracle, request):
     """fullgraph=True, and no recompile over a 64+-step generation whose rows accept different lengths."""
@@ -349,6 +350,7 @@ def test_auto_sizes_steps_by_the_cost_curve(costs, size, monkeypatch):
     assert {n for row in out.draft_lengths for n in row} == {size}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, batch", [("qwen3", 1), ("gemma3", 3)])
 def test_auto_changes_the_width_between_steps(arch, batch, tree_oracle, monkeypatch):
     """Each step verifies another of the menu's sizes (0: the root alone), compiled with fullgraph=True, every width

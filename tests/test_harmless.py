@@ -10,6 +10,7 @@ from transformers import AutoModel, AutoModelForCausalLM, GenerationMixin, Qwen3
 import hf_dflash
 from hf_dflash import DFlashDraftModel
 from hf_dflash.generation import hooks, loop
+
 from conftest import left_padded, make_drafter, make_target
 
 

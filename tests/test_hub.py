@@ -12,9 +12,10 @@ import pytest
 import torch
 import yaml
 
-from conftest import left_padded, make_drafter, make_target
 from hf_dflash import DFlash2DraftModel, DFlashDraftModel
 from hf_dflash.hub import push_drafter, write_model_card
+
+from conftest import left_padded, make_drafter, make_target
 
 
 def card_metadata(path: Path) -> dict:
@@ -87,7 +88,8 @@ def test_remote_code_works_without_hf_dflash(tmp_path):
         assert type(drafter).__module__.startswith("transformers_modules"), type(drafter).__module__
         ids = torch.tensor({ids.tolist()})
         plain = target.generate(ids, max_new_tokens=12, do_sample=False)
-        fast = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter, speculation_type="dflash")
+        fast = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter,
+                               speculation_type="dflash")
         assert torch.equal(plain, fast), (plain, fast)
         print("REMOTE-OK", type(drafter).__name__)
     """)
@@ -124,7 +126,7 @@ def test_hub_ids_load_offline_from_the_cache(tmp_path, layout):
     folder = tmp_path / "folder"
     zlab_folder(drafter, folder) if layout == "z-lab" else drafter.save_pretrained(folder)
     hub_cache(tmp_path / "hub", "org/tiny-dflash", folder)
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import torch, hf_dflash
         from transformers import AutoModel
         for loaded in (AutoModel.from_pretrained("org/tiny-dflash", revision="main"),

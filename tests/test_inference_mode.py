@@ -11,9 +11,10 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import pipeline
 
-from conftest import left_padded, make_drafter, make_target, make_tokenizer
 from hf_dflash import compile_everywhere, cpu_ops
 from hf_dflash.modeling.modeling_dflash import same_states, tensor_states
+
+from conftest import left_padded, make_drafter, make_target, make_tokenizer
 
 PATHS = {
     "chain": {},

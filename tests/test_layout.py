@@ -1,5 +1,5 @@
 """The package's architecture, checked from its source: import layers without circles, the proposer / decoder seam
-the oracle drafts through, files short enough to read, and the import paths kept from the old layout."""
+the oracle drafts through, files short enough to read, and no aliases left from the old layout."""
 
 import ast
 import importlib
@@ -10,8 +10,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # the source folders and the package names they install as (pyproject.toml's package-dir)
 SOURCES = {"hf_dflash": ROOT / "hf_dflash", "hf_dflash.modeling": ROOT / "modeling"}
-# old module paths kept for existing code: each only re-exports from the new layout
-ALIASES = {"hf_dflash.hooks", "hf_dflash.tree", "hf_dflash.cost_model", "hf_dflash.data", "hf_dflash.oracle"}
 LOWER = ("hf_dflash.modeling", "hf_dflash.prompts", "hf_dflash.paths", "hf_dflash.devices", "hf_dflash.cpu_ops",
          "hf_dflash.sampling", "hf_dflash.bigram")
 HIGHER = ("hf_dflash.generation", "hf_dflash.training", "hf_dflash.bench", "hf_dflash.cli")
@@ -44,7 +42,8 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             origin = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else [])) \
                 if node.level else node.module
-            targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in MODULES else origin for alias in node.names]
+            targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in MODULES else origin
+                       for alias in node.names]
         else:
             continue
         found.update(t for t in targets if t in MODULES and t != name)
@@ -89,16 +88,25 @@ def test_no_import_circles():
 def test_lower_layers_import_nothing_from_higher_ones():
     for name, imported in GRAPH.items():
         if _within(name, LOWER):
-            bad = sorted(i for i in imported if _within(i, HIGHER) or i in ALIASES)
+            bad = sorted(i for i in imported if _within(i, HIGHER))
             assert not bad, f"{name} imports {bad}"
 
 
+def test_the_modeling_code_stands_alone():
+    """modeling/ is also the Hub's remote code: it imports nothing from the rest of hf_dflash (the model card writer
+    that `save_pretrained` calls is set from above, by hf_dflash.hub)."""
+    for name, imported in GRAPH.items():
+        if _within(name, ["hf_dflash.modeling"]):
+            assert all(_within(i, ["hf_dflash.modeling"]) for i in imported), (name, imported)
+
+
 def test_wings_import_downwards_only():
-    order = ["hf_dflash.generation", "hf_dflash.training", "hf_dflash.bench", "hf_dflash.cli"]  # each may use those before it
+    # each may use those before it
+    order = ["hf_dflash.generation", "hf_dflash.training", "hf_dflash.bench", "hf_dflash.cli"]
     for name, imported in GRAPH.items():
         for rank, wing in enumerate(order):
             if _within(name, [wing]):
-                bad = sorted(i for i in imported if _within(i, order[rank + 1:]) or i in ALIASES)
+                bad = sorted(i for i in imported if _within(i, order[rank + 1:]))
                 assert not bad, f"{name} imports {bad}"
     assert "hf_dflash.generation.hooks" not in GRAPH["hf_dflash.generation.loop"]  # the hooks import the loop
 
@@ -125,18 +133,11 @@ def test_no_module_is_too_long_to_read(name):
     assert len(MODULES[name].read_text().splitlines()) <= 500
 
 
-def test_old_import_paths_still_work():
-    from hf_dflash.bench import acceptance_on_prompts, benchmark, chat_inputs, load_prompt_set  # noqa: F401
-    from hf_dflash.cost_model import load_forward_costs, measure_forward_costs  # noqa: F401
-    from hf_dflash.data import prepare_data, read_prompts  # noqa: F401
-    from hf_dflash.generation import DFlashGenerateOutput, dflash_decode, generate  # noqa: F401
-    from hf_dflash.hooks import install_hooks, original_generate  # noqa: F401
-    from hf_dflash.oracle import OracleDrafts, build_random_models  # noqa: F401
-    from hf_dflash.tree import DraftTree, build_tree  # noqa: F401
-
-    for alias in ALIASES:
-        module = importlib.import_module(alias)
-        assert set(module.__all__) <= set(dir(module))
+def test_no_compatibility_shims():
+    """The 0.1.0 "Moved" aliases are gone (each concept has one import path)."""
+    for gone in ("hf_dflash.hooks", "hf_dflash.tree", "hf_dflash.cost_model", "hf_dflash.data", "hf_dflash.oracle"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(gone)
 
 
 def test_results_md_is_what_its_snapshots_give():

@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from conftest import make_target
 from hf_dflash.training import LossHead, chunked_slot_losses, dpace_weights
 from hf_dflash.training.losses import slot_losses
+
+from conftest import make_target
 
 
 def test_draft_vocabulary_loss_equals_the_full_loss_on_its_rows():

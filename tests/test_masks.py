@@ -10,8 +10,9 @@ import random
 import pytest
 import torch
 
-from conftest import MASK, PAD, left_padded, make_drafter, make_target
 from hf_dflash.generation import DFlashProposer
+
+from conftest import MASK, PAD, left_padded, make_drafter, make_target
 
 _REAL_CHAIN, _REAL_CANDIDATES = DFlashProposer.draft_chain, DFlashProposer.draft_candidates
 NEW_TOKENS = 24

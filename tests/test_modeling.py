@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModel, DynamicCache
 
 from hf_dflash import DFlashConfig, DFlashDraftModel, default_target_layer_ids
+
 from conftest import ARCHITECTURES, DIMS, MASK, make_drafter, make_target
 
 HIDDEN = DIMS["hidden_size"]
@@ -324,7 +325,8 @@ def test_draft_head_gather_is_kept_until_its_inputs_change():
     # a head already in the drafter's dtype, unrestricted, is used as is and not kept
     drafter.set_draft_vocab(None)
     same_dtype = randomized(make_drafter(target))
-    assert same_dtype.draft_head(head)[0].weight.data_ptr() == head.weight.data_ptr() and same_dtype._draft_head_cache is None
+    assert same_dtype.draft_head(head)[0].weight.data_ptr() == head.weight.data_ptr()
+    assert same_dtype._draft_head_cache is None
     # a drafter holding the cache still copies and pickles (the cache is left out)
     assert drafter.draft_head(head) is drafter._draft_head_cache[1]
     for copied in (copy.deepcopy(drafter), pickle.loads(pickle.dumps(drafter))):

@@ -6,9 +6,10 @@ import torch
 from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 from transformers.cache_utils import DFlashCache
 
-from conftest import ARCHITECTURES, DIMS, MASK, left_padded, make_target
 from hf_dflash import DFlashDraftModel
 from hf_dflash.native import as_dflash_drafter, is_native_drafter
+
+from conftest import ARCHITECTURES, DIMS, MASK, left_padded, make_target
 
 
 def make_native(target=None, block_size=4, sliding_window=3, seed=1, scale=0.3, dtype=torch.float64):

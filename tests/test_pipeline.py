@@ -6,6 +6,7 @@ import pytest
 from transformers import pipeline
 
 from hf_dflash.generation import loop
+
 from conftest import make_drafter, make_target, make_tokenizer
 
 PROMPTS = ["Hello", "abc", "xyz!!?", "Q"]

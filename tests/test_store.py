@@ -6,11 +6,12 @@ import json
 import pytest
 import torch
 
-from conftest import make_target, make_tokenizer
 from hf_dflash.prompts import DataError, read_prompts
-from hf_dflash.training.data import load_samples, prepare_data, store_features
 from hf_dflash.training import FeatureStore, StoreMismatch, TrainingConfig, target_features, train
+from hf_dflash.training.data import load_samples, prepare_data, store_features
 from hf_dflash.training.features import CachedFeatures, StoreFeatures
+
+from conftest import make_target, make_tokenizer
 
 LAYERS = [0, 2]
 

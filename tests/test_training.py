@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from transformers import AutoModelForCausalLM
 
-from conftest import MASK, make_drafter, make_target, make_tokenizer
 from hf_dflash import DFlashDraftModel
 from hf_dflash.bigram import count_bigram_prior
 from hf_dflash.training import (
@@ -28,6 +26,8 @@ from hf_dflash.training import (
     train,
     training_mask,
 )
+
+from conftest import MASK, make_drafter, make_target, make_tokenizer
 
 
 def brute_force_mask(anchors, anchor_valid, valid, B, window):
@@ -154,7 +154,8 @@ def tiny_data(target, path, n=48, prompt_len=5, new_tokens=40):
     out = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens, do_sample=False)
     with open(path, "w") as f:
         for i, row in enumerate(out.tolist()):
-            f.write(json.dumps({"id": str(i), "input_ids": row, "loss_mask": [0] * prompt_len + [1] * new_tokens}) + "\n")
+            record = {"id": str(i), "input_ids": row, "loss_mask": [0] * prompt_len + [1] * new_tokens}
+            f.write(json.dumps(record) + "\n")
     return prompts
 
 
@@ -167,6 +168,7 @@ def acceptance(target, drafter, prompts):
     return sum(steps) / len(steps)  # tokens committed per target forward
 
 
+@pytest.mark.slow
 def test_training_raises_real_acceptance_length(tmp_path):
     target = make_target("qwen3", dtype=torch.float32, vocab_size=48)
     prompts = tiny_data(target, tmp_path / "data.jsonl")
@@ -204,6 +206,7 @@ def _cli_setup(tmp_path):
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+@pytest.mark.slow
 def test_resume_after_kill_continues_the_same_run(tmp_path):
     args = _cli_setup(tmp_path) + ["--batch-size", "2", "--max-steps", "160", "--save-steps", "10"]
     train_cmd = [sys.executable, "-m", "hf_dflash", "train"]
@@ -224,6 +227,7 @@ def test_resume_after_kill_continues_the_same_run(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_single_process(tmp_path):
     # ce: dpace rescales its weights per micro-batch (to the recipe's total), so its split batches differ slightly
     args = _cli_setup(tmp_path) + ["--max-steps", "6", "--save-steps", "100", "--logging-steps", "1", "--loss", "ce"]
@@ -241,7 +245,8 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     assert abs(one[0]["loss"] - log[0]["loss"]) < 1e-5  # the same global batch, anchors and loss normalisation
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
     torch.manual_seed(0)  # the CLI's initialisation, to measure how far training moved the weights
-    start = DFlashDraftModel.from_target(AutoModelForCausalLM.from_pretrained(tmp_path / "target"), 1, 4, 47).state_dict()
+    saved_target = AutoModelForCausalLM.from_pretrained(tmp_path / "target")
+    start = DFlashDraftModel.from_target(saved_target, 1, 4, 47).state_dict()
     weights = [k for k in a if k in start]  # not the bigram prior's tensors, counted alike by both runs
     assert torch.equal(a["bigram_keys"], b["bigram_keys"]) and torch.equal(a["bigram_boosts"], b["bigram_boosts"])
     moved = sum((a[k] - start[k]).norm() ** 2 for k in weights) ** 0.5
@@ -351,8 +356,9 @@ def test_init_from_a_drafter_folder_or_a_checkpoint(tmp_path):
         assert fresh.draft_vocab is None and fresh.bigram_prior is None  # a run sets its own
 
     # a second run starts where the first ended: its first logged loss is the first run's level, not random init's
-    second = TrainingConfig(**{**config.__dict__, "output": str(tmp_path / "second"), "init_from": str(tmp_path / "first"),
-                               "max_steps": 1, "logging_steps": 1, "learning_rate": 1e-9})
+    second = TrainingConfig(**{**config.__dict__, "output": str(tmp_path / "second"),
+                               "init_from": str(tmp_path / "first"), "max_steps": 1, "logging_steps": 1,
+                               "learning_rate": 1e-9})
     train(second, target=target, tokenizer=make_tokenizer(48))
     start = json.loads((tmp_path / "second" / "train_log.jsonl").read_text().splitlines()[0])["loss"]
     fresh_run = TrainingConfig(**{**second.__dict__, "output": str(tmp_path / "fresh"), "init_from": None})
@@ -361,4 +367,5 @@ def test_init_from_a_drafter_folder_or_a_checkpoint(tmp_path):
     assert start < random_start
 
     with pytest.raises(ValueError, match="same num_layers"):
-        load_drafter_weights(make_drafter(target, block_size=4, num_hidden_layers=2, mask_token_id=47), str(tmp_path / "first"))
+        deeper = make_drafter(target, block_size=4, num_hidden_layers=2, mask_token_id=47)
+        load_drafter_weights(deeper, str(tmp_path / "first"))

@@ -11,12 +11,21 @@ import torch
 from torch.nn import functional as F
 from transformers import GenerationConfig
 
-from conftest import (
-    ARCHITECTURES, MASK, PAD, ForwardCounter, Recorder, left_padded, make_drafter, make_target, make_tokenizer,
-)
 from hf_dflash import DFlashDraftModel
 from hf_dflash.generation import Decoder, DFlashProposer
 from hf_dflash.generation.tree import DraftTree, ancestors, build_tree, build_tree_on_device, greedy_paths
+
+from conftest import (
+    ARCHITECTURES,
+    MASK,
+    PAD,
+    ForwardCounter,
+    Recorder,
+    left_padded,
+    make_drafter,
+    make_target,
+    make_tokenizer,
+)
 from test_sampling import NEW_TOKENS, PROMPT, SAMPLES, SETTINGS, exact_distribution, g_test
 
 _REAL_CANDIDATES = DFlashProposer.draft_candidates
@@ -133,7 +142,7 @@ def _paths(tree: DraftTree) -> list[list[tuple]]:
     """Each row's nodes as root-to-node token tuples, sorted: the tree as a set, whatever its slot order."""
     rows = []
     for tokens, parents in zip(tree.tokens.tolist(), tree.parents.tolist()):
-        def path(slot):
+        def path(slot, tokens=tokens, parents=parents):
             return path(parents[slot]) + (tokens[slot],) if slot >= 0 else ()
         rows.append(sorted(path(slot) for slot in range(len(tokens))))
     return rows

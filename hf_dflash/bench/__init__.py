@@ -2,8 +2,6 @@
 its report (report.py), the oracle's ceiling (oracle.py), plain `generate` and DFlash at their best (static.py) and
 random targets (random_models.py). `hf-dflash bench` is the command-line front end."""
 
-from ..prompts import chat_inputs
-from ..training.evaluate import acceptance_on_prompts
 from .oracle import OracleDecoder, OracleDrafts, OracleProposer, ceilings, oracle_generate
 from .prompt_sets import BENCH_FILES, PACKAGED_SETS, load_prompt_set
 from .random_models import RANDOM_SHAPES, build_random_models, random_prompts, random_target_config
@@ -18,11 +16,9 @@ __all__ = [
     "OracleDecoder",
     "OracleDrafts",
     "OracleProposer",
-    "acceptance_on_prompts",
     "benchmark",
     "build_random_models",
     "ceilings",
-    "chat_inputs",
     "first_difference",
     "load_prompt_set",
     "machine_info",

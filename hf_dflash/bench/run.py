@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from transformers.cache_utils import StaticCache
 
 from ..devices import cpu_description
@@ -140,174 +139,26 @@ def benchmark(
     first, so that compiling stays out of the timing; timed calls wait for the device before and after."""
     from tqdm.auto import tqdm
 
-    unknown = set(baselines) - set(BASELINES)
-    if unknown:
-        raise ValueError(f"Unknown baselines {sorted(unknown)}: choose from {', '.join(BASELINES)}.")
-    bad_modes = set(modes) - {"greedy", "sampling"}
-    if bad_modes:
-        raise ValueError(f"Unknown modes {sorted(bad_modes)}: use greedy and/or sampling.")
-    if oracle and "sampling" in modes:
-        raise ValueError("The oracle drafts the target's greedy continuation: use modes=('greedy',) with it.")
-    torch.set_num_threads(threads)
     block_sizes = list(block_sizes or [drafter.block_size])
     tree_sizes = list(draft_tree_sizes) if draft_tree_sizes else [drafter.draft_tree_size or 0]
-    for tree in tree_sizes:
-        if tree != "auto" and (not isinstance(tree, int) or tree < 0):
-            raise ValueError(f"draft tree size {tree!r}: use whole numbers >= 0 (0: the chain) or 'auto'.")
-    if len(set(tree_sizes)) < len(tree_sizes):
-        raise ValueError(f"draft tree sizes {tree_sizes}: each size once (they are measured in turns).")
-    stop_ids = target_stop_ids(target)
-    device = target.device
-    pad_id = target.generation_config.pad_token_id
-    pad_id = int(pad_id if pad_id is not None else (stop_ids or [0])[0])
-    if tokenizer is not None:
-        tokenizer = copy.copy(tokenizer)
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        pad_id = tokenizer.pad_token_id
-    notes = []
-    if drafter_note:
-        notes.append(drafter_note)
+    _check_settings(baselines, modes, oracle, tree_sizes)
+    torch.set_num_threads(threads)
+    notes = [drafter_note] if drafter_note else []
     if any(b > drafter.block_size for b in block_sizes):
         notes.append(
             f"block sizes above the drafter's configured block_size ({drafter.block_size}) draft positions it was "
             "trained on only if its training block was larger"
         )
-
-    drafters = {}
-    for block in block_sizes:
-        variant = drafter if block == drafter.block_size else copy.deepcopy(drafter)
-        variant.config.block_size = block
-        drafters[block] = variant.eval()
-
+    settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, baselines=baselines, warmup=warmup,
+                    seed=seed, assistant_confidence_threshold=assistant_confidence_threshold, tree_sizes=tree_sizes,
+                    oracle=oracle, cache_implementation=cache_implementation, compile_config=compile_config)
     runs_spec = [(s, b, m, k) for s in prompt_sets for b in batch_sizes for m in modes for k in block_sizes]
-    total = sum(-(-len(prompt_sets[s]) // b) for s, b, *_ in runs_spec)
-    bar = tqdm(total=total, desc="bench", disable=not progress)
+    bar = tqdm(total=sum(-(-len(prompt_sets[s]) // b) for s, b, *_ in runs_spec), desc="bench", disable=not progress)
     runs = []
-    compiled_shapes = set()
     with tempfile.TemporaryDirectory() as tmp:
-        references = {}
+        runner = _Runner(target, _drafters(drafter, block_sizes), tokenizer, Path(tmp), **settings)
         for set_name, batch_size, mode, block in runs_spec:
-            greedy = mode == "greedy"
-            active = [b for b in baselines if b not in ("plain", "static")] if greedy and batch_size == 1 else []
-            active += ["static"] if "static" in baselines else []
-            skipped = {}
-            if "reference" in active and block not in references:
-                references[block] = _reference_drafter(drafters[block], Path(tmp) / f"b{block}", target.dtype)
-            if "reference" in active and references[block][0] is None:
-                skipped["reference"] = references[block][1]
-                active.remove("reference")
-            prompts = list(enumerate(prompt_sets[set_name]))  # (index, Prompt or token ids)
-            batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
-            kwargs = dict(max_new_tokens=max_new_tokens, do_sample=not greedy)
-            if not greedy:
-                kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-
-            def untimed_first(shape, call) -> None:
-                """A call of a shape not seen yet runs once first, untimed (compiling is no step's cost), with the
-                random state left as it was for the timed call."""
-                if (compile_config is not None or device.type == "cuda") and shape not in compiled_shapes:
-                    compiled_shapes.add(shape)
-                    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                        call()
-
-            def measure(batch, timed_index) -> dict:
-                """{tree size: record} of one prompt batch: plain `generate` once, then DFlash at each tree size in
-                turn, then the baselines (recorded with the first tree size)."""
-                inputs = left_padded_batch([p for _, p in batch], tokenizer, pad_id, device)
-                prompt_len = inputs["input_ids"].shape[1]
-                torch.manual_seed(seed + timed_index)
-                plain, plain_s, plain_phases = profiled(lambda: target.generate(**inputs, **kwargs), target)
-                plain_rows = _new_tokens(plain, prompt_len, stop_ids, max_new_tokens)
-                shared = {  # what every tree size's record of this batch holds
-                    "prompt_ids": [p.id if isinstance(p, Prompt) else str(i) for i, p in batch],
-                    "prompt_tokens": int(inputs["attention_mask"].sum()), "prompt_len": prompt_len,
-                    "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s, "phases": plain_phases},
-                }
-                records = {}
-                for tree in tree_sizes:
-                    torch.manual_seed(seed + timed_index)
-                    records[tree] = measure_dflash(inputs, plain, plain_rows, shared, tree)
-                for name in active:
-                    if name == "static":
-                        length = cache_capacity(prompt_len + max_new_tokens)
-                        static = functools.partial(target.generate, **inputs, **kwargs, compile_config=compile_config)
-                        fresh = lambda: StaticCache(config=target.config, max_cache_len=length)  # noqa: E731
-                        untimed_first(("static", len(batch), length), lambda: static(cache=fresh()))
-                        seq, secs = timed(lambda: static(cache=fresh()), device)
-                    elif name == "prompt_lookup":
-                        seq, secs = timed(lambda: target.generate(
-                            **inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS), device)
-                    elif name == "native":
-                        seq, secs = timed(lambda: target.generate(
-                            **inputs, **kwargs, assistant_model=drafters[block], speculation_type="dflash"), device)
-                    else:
-                        seq, secs = timed(lambda: references[block][0].spec_generate(
-                            target, inputs["input_ids"], max_new_tokens, stop_ids or None, temperature=0.0), device)
-                    rows = _new_tokens(seq, prompt_len, stop_ids, max_new_tokens)
-                    measured = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
-                    for tree in tree_sizes if name == "static" else tree_sizes[:1]:  # every run compares with static
-                        records[tree][name] = measured
-                return records
-
-            def measure_dflash(inputs, plain, plain_rows, shared, tree) -> dict:
-                prompt_len = shared["prompt_len"]
-                dflash_kwargs = dict(kwargs, assistant_confidence_threshold=assistant_confidence_threshold,
-                                     draft_tree_size=tree, return_dict_in_generate=True)
-                if cache_implementation is not None:
-                    dflash_kwargs.update(cache_implementation=cache_implementation, compile_config=compile_config)
-                def call(drafts=None):
-                    if drafts is None:
-                        return target.generate(**inputs, **dflash_kwargs, assistant_model=drafters[block])
-                    return oracle_generate(target, drafters[block], drafts, inputs, **dflash_kwargs)
-
-                def oracle_drafts():
-                    return OracleDrafts.from_plain(plain, prompt_len, max_new_tokens, inputs.get("attention_mask"),
-                                                   pad_id, stop_ids)
-
-                if cache_implementation == "static":  # a new cache length of the fixed-shape path compiles
-                    capacity = cache_capacity(prompt_len + max_new_tokens)
-                    untimed_first(("dflash", block, len(inputs["input_ids"]), capacity, tree),
-                                  lambda: call(oracle_drafts() if oracle else None))
-                drafts = oracle_drafts() if oracle else None
-                out, dflash_s, dflash_phases = profiled(lambda: call(drafts), target, drafters[block], drafts)
-                dflash_rows = _new_tokens(out.sequences, prompt_len, stop_ids, max_new_tokens)
-                lengths = [n for row in out.acceptance_lengths for n in row]
-                record = {
-                    **copy.deepcopy(shared),
-                    "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s, "phases": dflash_phases},
-                    "acceptance_lengths": out.acceptance_lengths,
-                    "draft_lengths": out.draft_lengths,
-                    "histogram": _histogram(lengths, block),
-                    "identical": plain_rows == dflash_rows if greedy else None,
-                    # per row: the first generated position where DFlash differs from plain (None: identical). In
-                    # bfloat16 a forward over k tokens may round differently from k one-token forwards: a near-tie
-                    # can then flip, as on GPUs; in float32 / float64 any difference is a bug.
-                    "first_difference": [first_difference(a, b) for a, b in zip(plain_rows, dflash_rows)]
-                    if greedy else None,
-                }
-                if drafts is not None:
-                    record["oracle"] = drafts.record()
-                return record
-
-            for i in range(min(warmup, len(batches))):
-                measure(batches[i], -1 - i)
-            records = {tree: [] for tree in tree_sizes}
-            for i, batch in enumerate(batches):
-                for tree, record in measure(batch, i).items():
-                    records[tree].append(record)
-                bar.update(1)
-            # the baselines draft no trees: measured once, with the first size (static: reported with every size)
-            later = [name for name in active if name == "static"]
-            elsewhere = dict.fromkeys(set(active) - set(later), f"measured in the draft_tree_size={tree_sizes[0]} run")
-            for tree in tree_sizes:
-                first = tree == tree_sizes[0]
-                run = _summarise(set_name, batch_size, mode, block, tree, records[tree], active if first else later,
-                                 skipped if first else elsewhere, greedy)
-                if oracle:
-                    run["oracle"] = _oracle_summary(run)
-                runs.append(run)
+            runs += runner.runs(set_name, prompt_sets[set_name], batch_size, mode, block, bar)
     bar.close()
     results = {
         "machine": machine_info(threads),
@@ -320,7 +171,7 @@ def benchmark(
             "assistant_confidence_threshold": drafter.assistant_confidence_threshold
             if assistant_confidence_threshold is None else assistant_confidence_threshold,
             "num_prompts": {name: len(p) for name, p in prompt_sets.items()}, "target_dtype": str(target.dtype),
-            "drafter_dtype": str(drafter.dtype), "device": str(device),
+            "drafter_dtype": str(drafter.dtype), "device": str(target.device),
         },
         "drafter": {"block_size": drafter.block_size, "num_hidden_layers": drafter.config.num_hidden_layers,
                     "target_layer_ids": list(drafter.config.target_layer_ids), "note": drafter_note},
@@ -329,6 +180,193 @@ def benchmark(
     }
     results["markdown"] = to_markdown(results)
     return results
+
+
+def _check_settings(baselines, modes, oracle: bool, tree_sizes: list) -> None:
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        raise ValueError(f"Unknown baselines {sorted(unknown)}: choose from {', '.join(BASELINES)}.")
+    bad_modes = set(modes) - {"greedy", "sampling"}
+    if bad_modes:
+        raise ValueError(f"Unknown modes {sorted(bad_modes)}: use greedy and/or sampling.")
+    if oracle and "sampling" in modes:
+        raise ValueError("The oracle drafts the target's greedy continuation: use modes=('greedy',) with it.")
+    for tree in tree_sizes:
+        if tree != "auto" and (not isinstance(tree, int) or tree < 0):
+            raise ValueError(f"draft tree size {tree!r}: use whole numbers >= 0 (0: the chain) or 'auto'.")
+    if len(set(tree_sizes)) < len(tree_sizes):
+        raise ValueError(f"draft tree sizes {tree_sizes}: each size once (they are measured in turns).")
+
+
+def _drafters(drafter, block_sizes: list) -> dict:
+    """{block size: the drafter with that block} (a copy for each block but its own)."""
+    drafters = {}
+    for block in block_sizes:
+        variant = drafter if block == drafter.block_size else copy.deepcopy(drafter)
+        variant.config.block_size = block
+        drafters[block] = variant.eval()
+    return drafters
+
+
+class _Runner:
+    """One `benchmark` call's measurements: per prompt batch, plain `generate`, DFlash at each tree size in turn, then
+    the baselines, each shape's first compiled call untimed."""
+
+    def __init__(self, target, drafters: dict, tokenizer, tmp: Path, *, max_new_tokens, temperature, baselines, warmup,
+                 seed, assistant_confidence_threshold, tree_sizes, oracle, cache_implementation, compile_config):
+        self.target, self.drafters, self.tmp = target, drafters, tmp
+        self.max_new_tokens, self.temperature, self.baselines = max_new_tokens, temperature, baselines
+        self.warmup, self.seed, self.threshold = warmup, seed, assistant_confidence_threshold
+        self.tree_sizes, self.oracle = tree_sizes, oracle
+        self.cache_implementation, self.compile_config = cache_implementation, compile_config
+        self.device = target.device
+        self.stop_ids = target_stop_ids(target)
+        pad_id = target.generation_config.pad_token_id
+        self.pad_id = int(pad_id if pad_id is not None else (self.stop_ids or [0])[0])
+        if tokenizer is not None:
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.padding_side = "left"
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            self.pad_id = tokenizer.pad_token_id
+        self.tokenizer = tokenizer
+        self.references = {}  # block -> (the reference package's drafter or None, why not)
+        self.compiled_shapes = set()
+
+    def runs(self, set_name: str, prompts: list, batch_size: int, mode: str, block: int, bar) -> list[dict]:
+        """The runs (one per tree size) of one prompt set at one batch size, mode and block."""
+        greedy = mode == "greedy"
+        active = [b for b in self.baselines if b not in ("plain", "static")] if greedy and batch_size == 1 else []
+        active += ["static"] if "static" in self.baselines else []
+        skipped = {}
+        if "reference" in active:
+            if block not in self.references:
+                self.references[block] = _reference_drafter(self.drafters[block], self.tmp / f"b{block}",
+                                                            self.target.dtype)
+            if self.references[block][0] is None:
+                skipped["reference"] = self.references[block][1]
+                active.remove("reference")
+        prompts = list(enumerate(prompts))  # (index, Prompt or token ids)
+        batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+        kwargs = dict(max_new_tokens=self.max_new_tokens, do_sample=not greedy)
+        if not greedy:
+            kwargs.update(temperature=self.temperature, top_k=0, top_p=1.0)
+        for i in range(min(self.warmup, len(batches))):
+            self.measure(batches[i], -1 - i, kwargs, block, active)
+        records = {tree: [] for tree in self.tree_sizes}
+        for i, batch in enumerate(batches):
+            for tree, record in self.measure(batch, i, kwargs, block, active).items():
+                records[tree].append(record)
+            bar.update(1)
+        # the baselines draft no trees: measured once, with the first size (static: reported with every size)
+        later = [name for name in active if name == "static"]
+        first_size = self.tree_sizes[0]
+        elsewhere = dict.fromkeys(set(active) - set(later), f"measured in the draft_tree_size={first_size} run")
+        runs = []
+        for tree in self.tree_sizes:
+            first = tree == first_size
+            run = _summarise(set_name, batch_size, mode, block, tree, records[tree], active if first else later,
+                             skipped if first else elsewhere, greedy)
+            if self.oracle:
+                run["oracle"] = _oracle_summary(run)
+            runs.append(run)
+        return runs
+
+    def untimed_first(self, shape, call) -> None:
+        """A call of a shape not seen yet runs once first, untimed (compiling is no step's cost), with the random
+        state left as it was for the timed call."""
+        device = self.device
+        if (self.compile_config is not None or device.type == "cuda") and shape not in self.compiled_shapes:
+            self.compiled_shapes.add(shape)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                call()
+
+    def measure(self, batch, timed_index: int, kwargs: dict, block: int, active: list) -> dict:
+        """{tree size: record} of one prompt batch: plain `generate` once, then DFlash at each tree size in turn, then
+        the baselines (recorded with the first tree size)."""
+        target = self.target
+        inputs = left_padded_batch([p for _, p in batch], self.tokenizer, self.pad_id, self.device)
+        prompt_len = inputs["input_ids"].shape[1]
+        torch.manual_seed(self.seed + timed_index)
+        plain, plain_s, plain_phases = profiled(lambda: target.generate(**inputs, **kwargs), target)
+        plain_rows = _new_tokens(plain, prompt_len, self.stop_ids, self.max_new_tokens)
+        shared = {  # what every tree size's record of this batch holds
+            "prompt_ids": [p.id if isinstance(p, Prompt) else str(i) for i, p in batch],
+            "prompt_tokens": int(inputs["attention_mask"].sum()), "prompt_len": prompt_len,
+            "plain": {"new_tokens": sum(map(len, plain_rows)), "seconds": plain_s, "phases": plain_phases},
+        }
+        records = {}
+        for tree in self.tree_sizes:
+            torch.manual_seed(self.seed + timed_index)
+            records[tree] = self.measure_dflash(inputs, kwargs, block, plain, plain_rows, shared, tree)
+        for name in active:
+            seq, secs = self.baseline(name, inputs, kwargs, block, len(batch))
+            rows = _new_tokens(seq, prompt_len, self.stop_ids, self.max_new_tokens)
+            measured = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
+            for tree in self.tree_sizes if name == "static" else self.tree_sizes[:1]:  # every run compares with static
+                records[tree][name] = measured
+        return records
+
+    def baseline(self, name: str, inputs: dict, kwargs: dict, block: int, batch_size: int) -> tuple:
+        """(sequences, seconds) of one baseline's call on `inputs`."""
+        target, device = self.target, self.device
+        if name == "static":
+            length = cache_capacity(inputs["input_ids"].shape[1] + self.max_new_tokens)
+            static = functools.partial(target.generate, **inputs, **kwargs, compile_config=self.compile_config)
+            self.untimed_first(("static", batch_size, length),
+                               lambda: static(cache=StaticCache(config=target.config, max_cache_len=length)))
+            return timed(lambda: static(cache=StaticCache(config=target.config, max_cache_len=length)), device)
+        if name == "prompt_lookup":
+            return timed(lambda: target.generate(**inputs, **kwargs, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS),
+                         device)
+        if name == "native":
+            return timed(lambda: target.generate(**inputs, **kwargs, assistant_model=self.drafters[block],
+                                                 speculation_type="dflash"), device)
+        reference = self.references[block][0]
+        return timed(lambda: reference.spec_generate(target, inputs["input_ids"], self.max_new_tokens,
+                                                     self.stop_ids or None, temperature=0.0), device)
+
+    def measure_dflash(self, inputs, kwargs, block, plain, plain_rows, shared, tree) -> dict:
+        target, drafter, prompt_len = self.target, self.drafters[block], shared["prompt_len"]
+        dflash_kwargs = dict(kwargs, assistant_confidence_threshold=self.threshold, draft_tree_size=tree,
+                             return_dict_in_generate=True)
+        if self.cache_implementation is not None:
+            dflash_kwargs.update(cache_implementation=self.cache_implementation, compile_config=self.compile_config)
+
+        def call(drafts=None):
+            if drafts is None:
+                return target.generate(**inputs, **dflash_kwargs, assistant_model=drafter)
+            return oracle_generate(target, drafter, drafts, inputs, **dflash_kwargs)
+
+        def oracle_drafts():
+            return OracleDrafts.from_plain(plain, prompt_len, self.max_new_tokens, inputs.get("attention_mask"),
+                                           self.pad_id, self.stop_ids)
+
+        if self.cache_implementation == "static":  # a new cache length of the fixed-shape path compiles
+            capacity = cache_capacity(prompt_len + self.max_new_tokens)
+            self.untimed_first(("dflash", block, len(inputs["input_ids"]), capacity, tree),
+                               lambda: call(oracle_drafts() if self.oracle else None))
+        drafts = oracle_drafts() if self.oracle else None
+        out, dflash_s, dflash_phases = profiled(lambda: call(drafts), target, drafter, drafts)
+        dflash_rows = _new_tokens(out.sequences, prompt_len, self.stop_ids, self.max_new_tokens)
+        lengths = [n for row in out.acceptance_lengths for n in row]
+        greedy = not kwargs["do_sample"]
+        record = {
+            **copy.deepcopy(shared),
+            "dflash": {"new_tokens": sum(map(len, dflash_rows)), "seconds": dflash_s, "phases": dflash_phases},
+            "acceptance_lengths": out.acceptance_lengths,
+            "draft_lengths": out.draft_lengths,
+            "histogram": _histogram(lengths, block),
+            "identical": plain_rows == dflash_rows if greedy else None,
+            # per row: the first generated position where DFlash differs from plain (None: identical). In
+            # bfloat16 a forward over k tokens may round differently from k one-token forwards: a near-tie
+            # can then flip, as on GPUs; in float32 / float64 any difference is a bug.
+            "first_difference": [first_difference(a, b) for a, b in zip(plain_rows, dflash_rows)]
+            if greedy else None,
+        }
+        if drafts is not None:
+            record["oracle"] = drafts.record()
+        return record
 
 
 def _oracle_summary(run: dict) -> dict:

@@ -5,7 +5,6 @@ baseline and fixed-shape runs, and `hf-dflash demo --compile`'s timers."""
 import functools
 
 import torch
-
 from transformers.cache_utils import StaticCache
 
 from ..generation.compiling import compile_everywhere

@@ -133,6 +133,6 @@ def fixed_shape_auto(target, batch_size: int, block_size: int) -> AutoTreeSize:
     costs (`StepCosts`, from the target's timed forward curve until the call has measured them)."""
     curve = load_forward_costs(target, batch_size=batch_size)
     # Every step builds the widest tree, whichever size it then verifies, and the choice does not see that cost: the
-    # widest is held to two candidates a depth (docs/design.md: 31 nodes were slower than 15 at block 8 on a CPU)
+    # widest is held to two candidates a depth (docs/design.md: wider trees were slower on a CPU)
     widest = min(curve.max_tokens, 2 * block_size) - 1
     return AutoTreeSize(StepCosts(curve), max_depth=block_size - 1, sizes=tree_size_menu(widest, curve))

@@ -43,7 +43,7 @@ def compiled_call(model, compile_config: CompileConfig | None, key=None):
     """`model`'s call compiled with `compile_config` (kept on the model across calls), or as it is with None. Each
     `key` compiles apart, in a function of its own: torch keeps at most 8 graphs per function (`recompile_limit`)
     before it runs the rest eagerly, transformers' own compiled decoding fills `model.__call__`'s, and the fixed-shape
-    path gives each verification width its own (a graph dynamic in the width ran 4 % slower on a CPU)."""
+    path gives each verification width its own (a graph dynamic in the width was slower: docs/design.md)."""
     if compile_config is None:
         return model.__call__
     settings = compile_config.to_dict()

@@ -34,7 +34,7 @@ from .kv_cache import check_cache, gather_path, holes_allowed, keep_verified
 from .tree import DraftTree, greedy_paths, mask_one_token, tree_attention_mask
 
 # Processors that ignore `input_ids`: applied once to all block positions instead of position by position.
-_POSITION_FREE = (
+POSITION_FREE_PROCESSORS = (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -90,8 +90,7 @@ class Decoder:
         device = input_ids.device
         batch, self.prompt_len = input_ids.shape
         max_length = generation_config.max_length
-        pad = generation_config._pad_token_tensor
-        self.pad_token_id = int(pad) if pad is not None else 0
+        self.pad_token_id = pad_token_id(generation_config)
         self.sequences = torch.full((batch, max_length), self.pad_token_id, dtype=torch.long, device=device)
         self.sequences[:, : self.prompt_len] = input_ids
         self.lengths = torch.full((batch,), self.prompt_len, dtype=torch.long, device=device)
@@ -105,7 +104,7 @@ class Decoder:
         self.keep_logits = generation_config.return_dict_in_generate and generation_config.output_logits
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         self.raw_logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
-        self.eos_ids, self.max_length = _simple_stops(stopping_criteria, device)
+        self.eos_ids, self.stop_length = _simple_stops(stopping_criteria, device)
         if self.keep_scores or self.keep_logits:
             self.eos_ids = None  # scores are kept token by token
         self.cache = DynamicCache(config=target.config)
@@ -185,7 +184,7 @@ class Decoder:
         `logits` [rows, T, vocab], one per tree slot. Returns tokens [rows, L], kept [rows], the processed scores
         [rows, L, vocab] (filled where computed) and path [rows, L]: the slot whose logits gave each token (the
         root, then the accepted nodes); L = the tree's depth + 1."""
-        if not self.config.do_sample and all(isinstance(p, _POSITION_FREE) for p in self.processors):
+        if not self.config.do_sample and all(isinstance(p, POSITION_FREE_PROCESSORS) for p in self.processors):
             return self._verify_greedy(logits, tree)
         rows, _, vocab = logits.shape
         length = int(tree.depths.max()) + 1
@@ -254,7 +253,7 @@ class Decoder:
             return self._process(logits.to(dtype=torch.float32, copy=True), drafts, live)
 
     def _process(self, scores: torch.Tensor, drafts: torch.LongTensor, live: torch.LongTensor) -> torch.Tensor:
-        if all(isinstance(p, _POSITION_FREE) for p in self.processors):
+        if all(isinstance(p, POSITION_FREE_PROCESSORS) for p in self.processors):
             return self.processors(drafts.new_zeros(scores.shape[0], 1), scores)
         # Processors may hold state for every row of the batch (repetition_penalty's padding lengths,
         # prefix_allowed_tokens_fn's batch_id), so they always see the whole batch, as in `_sample`. One group of
@@ -320,7 +319,7 @@ class Decoder:
         rows = self.rows[:, None].expand(-1, width)
         self.sequences[rows[take], (self.lengths[self.rows, None] + offsets)[take]] = tokens[take]
         self.lengths[self.rows] += committed
-        self.finished[self.rows] |= stopped | (self.lengths[self.rows] >= self.max_length)
+        self.finished[self.rows] |= stopped | (self.lengths[self.rows] >= self.stop_length)
         self._stream(committed)
         return committed
 
@@ -405,6 +404,16 @@ class Decoder:
         vocab = next(len(t) for r in per_row for t in r)
         filler = torch.full((vocab,), float("-inf"), device=self.sequences.device)
         return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
+
+
+def pad_token_id(generation_config) -> int:
+    """The id `generate` pads finished rows with: `pad_token_id`, else the first EOS id (transformers' fallback), else
+    0."""
+    pad = generation_config.pad_token_id
+    if pad is None:
+        eos = generation_config.eos_token_id
+        pad = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    return 0 if pad is None or isinstance(pad, (list, tuple)) else int(pad)
 
 
 def prompt_positions(prompt_mask: torch.BoolTensor, position_ids: torch.LongTensor | None = None) -> torch.LongTensor:

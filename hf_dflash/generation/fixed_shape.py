@@ -38,7 +38,7 @@ from ..modeling.modeling_dflash import block_visibility
 from ..sampling import exponential_race, rejection_sample
 from .auto_size import AutoTreeSize
 from .compiling import compile_config_for, compiled_call, compiled_function
-from .decoder import _POSITION_FREE, DFlashGenerateOutput
+from .decoder import POSITION_FREE_PROCESSORS, DFlashGenerateOutput, pad_token_id
 from .kv_cache import cache_capacity, move_slots, row_cache, set_write_index, step_span
 from .proposer import DFlashProposer
 from .tree import DraftTree, ancestors, build_tree_on_device
@@ -58,8 +58,8 @@ def unsupported_reason(target, drafter, generation_config, logits_processor, sto
         return f"assistant_confidence_threshold={threshold!r} (pass 0)"
     if implementation not in ("eager", "sdpa"):
         return f"{implementation} attention (eager or sdpa take the explicit masks it needs)"
-    if not all(isinstance(p, _POSITION_FREE) for p in logits_processor or []):
-        names = sorted({type(p).__name__ for p in logits_processor if not isinstance(p, _POSITION_FREE)})
+    if not all(isinstance(p, POSITION_FREE_PROCESSORS) for p in logits_processor or []):
+        names = sorted({type(p).__name__ for p in logits_processor if not isinstance(p, POSITION_FREE_PROCESSORS)})
         return f"logits processors that read input_ids ({', '.join(names)})"
     kinds = {type(c) for c in stopping_criteria or []}
     if not kinds <= {MaxLengthCriteria, EosTokenCriteria, StopStringCriteria}:
@@ -93,8 +93,7 @@ class FixedShapeDecoder:
         eos = [c.eos_token_id.reshape(-1).to(device) for c in stopping_criteria or [] if type(c) is EosTokenCriteria]
         self.eos_ids = torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
         self.stop_strings = [c for c in stopping_criteria or [] if type(c) is StopStringCriteria]
-        pad = generation_config._pad_token_tensor
-        self.pad_token_id = int(pad) if pad is not None else 0
+        self.pad_token_id = pad_token_id(generation_config)
         self.capacity = cache_capacity(self.max_length)
         self.sequences = torch.full((batch, self.max_length + block_size), self.pad_token_id, dtype=torch.long,
                                     device=device)

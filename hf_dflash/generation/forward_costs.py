@@ -57,13 +57,14 @@ class LoopCosts:
     """t(k) and the rest of a step as one `generate` call sees them: the timed `ForwardCosts`, corrected by the call's
     own verifications.
 
-    The curve is timed once, after a 128-token cache, with nothing between its forwards. In the loop a verification
-    runs at the call's own context, after the drafter's forward, and costs more, the more the larger the tree
-    (docs/design.md), so "auto" would choose by costs that are not the loop's. Each verification's excess over the curve, e = seconds - t_curve(k), is
-    fitted as a + b (k - 1) by least squares over the call's steps, both shrunk toward 0 as if `prior_steps` steps had
-    matched the curve (a one-token step costs what the curve says until the steps say otherwise), each e clipped to
-    a quarter of t_curve(k) (one slow step on a shared machine must not steer the fit). `overhead`: the rest of a step
-    (the drafter, its head, the tree, the bookkeeping; 0 before the first step), smoothed."""
+    The curve is timed once, after a 128-token cache, with nothing between its forwards. In the loop a verification runs
+    at the call's own context, after the drafter's forward, and costs more, the more the larger the tree
+    (docs/design.md), so "auto" would choose by costs that are not the loop's. Each verification's excess over the
+    curve, e = seconds - t_curve(k), is fitted as a + b (k - 1) by least squares over the call's steps, both shrunk
+    toward 0 as if `prior_steps` steps had matched the curve (a one-token step costs what the curve says until the
+    steps say otherwise), each e clipped to a quarter of t_curve(k) (one slow step on a shared machine must not
+    steer the fit). `overhead`: the rest of a step (the drafter, its head, the tree, the bookkeeping; 0 before the
+    first step), smoothed."""
 
     def __init__(self, curve: ForwardCosts, prior_steps: float = 8.0):
         self.curve = curve
@@ -172,10 +173,10 @@ def time_forwards(
 ) -> dict:
     """{k: seconds} of the target's forward over k new tokens after a `context`-token cache, timed as the loop
     verifies: hidden states and logits at every position; a chain with the causal mask (no padding), a tree
-    (`tree=True`) with a tree attention mask of k slots (`hf_dflash.generation.tree.tree_attention_mask`, whose cost depends on
-    its size, not its shape; at k = 1 only where the loop's one-token steps carry one, `mask_one_token`). The sizes
-    take turns, `repeats` rounds after one warm-up round, so a machine's drift (another job, clocks) reaches all of
-    them alike; the median of each. On the target's device and dtype; random
+    (`tree=True`) with a tree attention mask of k slots (`hf_dflash.generation.tree.tree_attention_mask`, whose cost
+    depends on its size, not its shape; at k = 1 only where the loop's one-token steps carry one, `mask_one_token`).
+    The sizes take turns, `repeats` rounds after one warm-up round, so a machine's drift (another job, clocks)
+    reaches all of them alike; the median of each. On the target's device and dtype; random
     token ids. `progress`: a progress bar's description (None: no bar)."""
     sizes = sorted(set(sizes))
     device = execution_device(target)

@@ -10,8 +10,8 @@ transformers exactly.
   loaded as another class (`AutoModelForCausalLM`, `trust_remote_code=True`) is refused with how to load it.
 - `AutoModel.from_pretrained`: z-lab checkpoints say `model_type: "qwen3"` (so vLLM / SGLang read them), which
   transformers maps to `Qwen3Model`; a checkpoint whose config names `DFlashDraftModel` or `DFlash2DraftModel` (or
-  carries a `dflash_config` block) loads as `hf_dflash.DFlashDraftModel` / `DFlash2DraftModel` instead, unless `trust_remote_code=True` asks for
-  the repository's own code.
+  carries a `dflash_config` block) loads as `hf_dflash.DFlashDraftModel` / `DFlash2DraftModel` instead, unless
+  `trust_remote_code=True` asks for the repository's own code.
 """
 
 import functools

@@ -137,7 +137,8 @@ class RowCacheLayer(StaticLayer):
 def move_slots(states: list, source: torch.LongTensor, target: torch.LongTensor) -> None:
     """In each of `states` (a row cache's keys and values, [rows, heads, capacity, head_dim] each), copy each row's
     slots `source` [rows, n] to its slots `target` [rows, n], in place. The fixed-shape path compiles it into one
-    call: eagerly, two small operations per tensor took 2.4 ms a step for SmolLM2's 60 (docs/design.md)."""
+    call: eagerly it is two small operations per tensor, each a launch (docs/design.md, "A tree's path moved in one
+    compiled call")."""
     rows = torch.arange(source.shape[0], device=source.device)[:, None]
     for stored in states:
         row, old, new = (t.to(stored.device) for t in (rows, source, target))  # a target split over devices

@@ -20,7 +20,7 @@ from transformers.utils import logging
 from ..bigram import conditional_chain, conditional_probs, sample_conditional_chain
 from ..cpu_ops import pack_linears
 from ..modeling import DFlash2DraftModel, DFlashDraftModel
-from ..modeling.modeling_dflash import _stored_weight, block_visibility
+from ..modeling.modeling_dflash import block_visibility, stored_weight
 from .auto_size import AutoTreeSize
 from .forward_costs import LoopCosts, load_forward_costs
 from .tree import DraftTree, build_tree
@@ -106,7 +106,9 @@ class DFlashProposer:
         default_threshold = 0.0 if draft_tree_size == "auto" else drafter.assistant_confidence_threshold
         threshold = default_threshold if assistant_confidence_threshold is None else assistant_confidence_threshold
         if not 0 <= threshold <= 1:
-            raise ValueError(f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip).")
+            raise ValueError(
+                f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip)."
+            )
         self.threshold = threshold
         if temperature is not None and not temperature > 0:
             raise ValueError(f"temperature={temperature!r}: sampling needs a temperature > 0.")
@@ -122,7 +124,7 @@ class DFlashProposer:
         if device.type == "cpu":
             pack_linears(drafter)  # its bfloat16 linears multiply prepacked weights (`hf_dflash.cpu_ops`)
             head = None if self.draft_head is None else self.draft_head[0]
-            if head is not None and head.weight.data_ptr() != _stored_weight(self.head).data_ptr():
+            if head is not None and head.weight.data_ptr() != stored_weight(self.head).data_ptr():
                 pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
         head = self.head if self.draft_head is None else self.draft_head[0]
         self.draft_vocab_size = head.weight.shape[0]

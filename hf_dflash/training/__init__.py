@@ -16,6 +16,7 @@ from .config import FIELD_HELP, LOSSES, TrainingConfig
 from .data import frequent_tokens, load_samples, prepare_data, store_features
 from .evaluate import acceptance_on_prompts
 from .features import target_features
+from .loop import load_drafter_weights, train
 from .losses import (
     LossHead,
     chunked_loss,
@@ -25,7 +26,6 @@ from .losses import (
     drafter_loss,
     slot_weights,
 )
-from .loop import load_drafter_weights, train
 from .store import FeatureCapture, FeatureStore, StoreMismatch
 
 __all__ = [

@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..modeling.configuration_dflash import default_target_layer_ids
-from ..prompts import DataError, Prompt, jsonl_records, read_prompts, stop_ids
+from ..prompts import DataError, Prompt, jsonl_records, stop_ids
 from .store import FeatureCapture, FeatureStore, StoreMismatch
 
 

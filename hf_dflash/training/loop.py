@@ -16,7 +16,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -39,10 +39,7 @@ from .losses import LossHead, drafter_loss, slot_weights
 def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftModel:
     """Train a drafter for `config.target` on `config.data`; returns it and saves it to `config.output`."""
     from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
-
-    from ..hub import TRAINING_ARGS, write_model_card
-    from ..packaged import resolve_model_path
+    from transformers import get_cosine_schedule_with_warmup
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -55,9 +52,54 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
         project_dir=config.output,
     )
     output = Path(config.output)
-    checkpoints = output / "checkpoints"
     if accelerator.is_main_process:
-        checkpoints.mkdir(parents=True, exist_ok=True)
+        (output / "checkpoints").mkdir(parents=True, exist_ok=True)
+    target, tokenizer = _load_target(config, target, tokenizer, accelerator.device)
+    drafter = _new_drafter(config, target, tokenizer)
+    sample_ids = []
+    samples, dropped = load_samples(
+        config.data, min_supervised_tokens=2 * config.block_size, max_length=config.max_length, checks=sample_ids
+    )
+    if not samples:
+        raise ValueError(f"{config.data}: no sample has {2 * config.block_size} supervised tokens.")
+    if config.draft_vocab_size:
+        drafter.set_draft_vocab(frequent_tokens(samples, config.draft_vocab_size))
+    world = accelerator.num_processes
+    global_batch = config.batch_size * config.gradient_accumulation_steps * world
+    steps_per_epoch = max(len(samples) // global_batch, 1)
+    max_steps = config.max_steps or math.ceil(config.epochs * steps_per_epoch)
+
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, round(config.warmup_ratio * max_steps), max_steps)
+    # The scheduler is stepped once per optimizer step by hand: a prepared one would step once per process.
+    wrapped, optimizer = accelerator.prepare(drafter, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    run = _Run(config, accelerator, target, wrapped, accelerator.unwrap_model(wrapped), optimizer, scheduler,
+               head=LossHead(target.get_output_embeddings(), drafter.draft_vocab),  # the rows it can propose
+               weights=slot_weights(config.block_size, config.gamma),
+               features_of=_features_source(config, target, samples, sample_ids, drafter, accelerator))
+    began = time.perf_counter()
+    _optimize(run, samples, steps_per_epoch, max_steps, tokenizer, output)
+    if accelerator.is_main_process:
+        summary = {"samples": len(samples), "dropped_short": dropped, "steps": max_steps, "global_batch": global_batch,
+                   "processes": world, "train_seconds": round(time.perf_counter() - began, 1)}
+        _save_drafter(run, samples, tokenizer, output, summary)
+    accelerator.wait_for_everyone()  # no process leaves while the main one saves
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    if not joined and torch.distributed.is_available() and torch.distributed.is_initialized():
+        # the group accelerate started here: left alive, its gloo threads can abort a process at exit
+        torch.distributed.destroy_process_group()
+    return run.drafter
+
+
+def _load_target(config: TrainingConfig, target, tokenizer, device) -> tuple:
+    """The frozen target (loaded from `config.target` unless given) and its tokenizer (None if it has none and
+    nothing needs one)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..packaged import resolve_model_path
+
     if target is None:
         path = resolve_model_path(config.target)
         target = AutoModelForCausalLM.from_pretrained(
@@ -71,8 +113,13 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
             tokenizer = None
     target.requires_grad_(False).eval()
     if getattr(target, "hf_device_map", None) is None:  # a device_map already placed it
-        target.to(accelerator.device)
+        target.to(device)
+    return target, tokenizer
 
+
+def _new_drafter(config: TrainingConfig, target, tokenizer) -> DFlashDraftModel:
+    """The drafter to train, in float32: from the target's shape (and a feature store's layers unless the config
+    names them), or from `init_from`'s weights."""
     store_layers = None
     if config.features:  # the store decides which target layers the drafter reads, unless told otherwise
         from .store import FeatureStore
@@ -87,33 +134,14 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
     drafter.config.dflash_config["target_model"] = config.target  # the id, not a resolved local path
     if config.init_from:
         load_drafter_weights(drafter, config.init_from)
-    drafter.train()
+    return drafter.train()
+
+
+def _features_source(config: TrainingConfig, target, samples, sample_ids, drafter, accelerator):
+    """Where a batch's target features come from: a feature store, a cache filled once, or a target forward."""
     layer_ids = drafter.config.target_layer_ids
-
-    sample_ids = []
-    samples, dropped = load_samples(
-        config.data, min_supervised_tokens=2 * config.block_size, max_length=config.max_length, checks=sample_ids
-    )
-    if not samples:
-        raise ValueError(f"{config.data}: no sample has {2 * config.block_size} supervised tokens.")
-    if config.draft_vocab_size:
-        drafter.set_draft_vocab(frequent_tokens(samples, config.draft_vocab_size))
-    head = LossHead(target.get_output_embeddings(), drafter.draft_vocab)  # the rows the drafter can propose
-    world = accelerator.num_processes
-    global_batch = config.batch_size * config.gradient_accumulation_steps * world
-    steps_per_epoch = max(len(samples) // global_batch, 1)
-    max_steps = config.max_steps or math.ceil(config.epochs * steps_per_epoch)
-
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, round(config.warmup_ratio * max_steps), max_steps)
-    # The scheduler is stepped once per optimizer step by hand: a prepared one would step once per process.
-    drafter, optimizer = accelerator.prepare(drafter, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    raw_drafter = accelerator.unwrap_model(drafter)
-    weights = slot_weights(config.block_size, config.gamma)
-
     if config.features:
-        features_of = StoreFeatures(config.features, sample_ids, layer_ids, raw_drafter.config.hidden_size)
+        features_of = StoreFeatures(config.features, sample_ids, layer_ids, drafter.config.hidden_size)
     elif config.cache_features:
         features_of = CachedFeatures(target, samples, layer_ids, accelerator.device, accelerator.is_main_process)
     else:
@@ -123,44 +151,49 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
             "loss='lk' needs the target's distribution: write a feature store with "
             "`hf-dflash prepare-data ... --save-features DIR --target-topk 16` and train with --features DIR."
         )
+    return features_of
+
+
+@dataclass
+class _Run:
+    """What every optimizer step uses: `wrapped` is the drafter as accelerate prepared it, `drafter` the model."""
+
+    config: TrainingConfig
+    accelerator: object
+    target: object
+    wrapped: object
+    drafter: DFlashDraftModel
+    optimizer: object
+    scheduler: object
+    head: LossHead
+    weights: torch.Tensor
+    features_of: object
+
+
+def _optimize(run: _Run, samples, steps_per_epoch: int, max_steps: int, tokenizer, output: Path) -> None:
+    """Optimizer steps from the last checkpoint (`config.resume`) or 0 to `max_steps`, logging, evaluating and
+    checkpointing on the config's schedule."""
+    config, accelerator = run.config, run.accelerator
+    checkpoints = output / "checkpoints"
     step = _resume(accelerator, checkpoints) if config.resume else 0
     if config.report_to:
         accelerator.init_trackers("hf-dflash", config=_flat(config))
     log_path = output / "train_log.jsonl"
     bar = tqdm(total=max_steps, initial=step, desc="training", disable=not accelerator.is_main_process)
     window = _Window()
-    start = began = time.perf_counter()
+    start = time.perf_counter()
     while step < max_steps:
         micro_batches = [
-            _make_micro_batch(samples, step, micro, accelerator.process_index, config, world, steps_per_epoch,
-                              raw_drafter.config.mask_token_id)
+            _make_micro_batch(samples, step, micro, accelerator.process_index, config, accelerator.num_processes,
+                              steps_per_epoch, run.drafter.config.mask_token_id)
             for micro in range(config.gradient_accumulation_steps)
         ]
-        # The loss is the weighted mean over every slot of the global batch: normalise by the global weight, scaled
-        # back up by what DDP (mean over processes) and accelerate (mean over micro-batches) divide by.
-        local_weight = sum((weights[None, None] * b["label_mask"]).sum() for _, b in micro_batches)
-        global_weight = accelerator.reduce(local_weight.to(accelerator.device), "sum").clamp(min=1e-6)
-        scale = world * config.gradient_accumulation_steps / global_weight
-        for indices, batch in micro_batches:
-            features, topk = features_of(indices, batch)
-            with accelerator.accumulate(drafter), accelerator.autocast():
-                weighted_sum, metrics = drafter_loss(
-                    raw_drafter, target, batch, features.to(accelerator.device), config, weights, forward=drafter,
-                    head=head, target_topk=topk,
-                )
-                accelerator.backward(weighted_sum * scale)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(drafter.parameters(), config.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            if accelerator.sync_gradients:
-                scheduler.step()
-            window.add(weighted_sum.detach(), metrics, int(batch["valid"].sum()))
+        _optimizer_step(run, micro_batches, window)
         step += 1
         window.steps += 1
         bar.update(1)
         if step % config.logging_steps == 0 or step == max_steps:
-            record = window.flush(accelerator, step, scheduler.get_last_lr()[0], time.perf_counter() - start)
+            record = window.flush(accelerator, step, run.scheduler.get_last_lr()[0], time.perf_counter() - start)
             start = time.perf_counter()
             if accelerator.is_main_process:
                 bar.set_postfix(loss=f"{record['loss']:.3f}", tau=f"{record['predicted_tau']:.2f}")
@@ -169,30 +202,56 @@ def train(config: TrainingConfig, target=None, tokenizer=None) -> DFlashDraftMod
             if config.report_to:
                 accelerator.log({k: v for k, v in record.items() if isinstance(v, float)}, step=step)
         if config.eval_prompts and config.eval_steps and step % config.eval_steps == 0:
-            _eval_and_log(raw_drafter, target, tokenizer, config, step, log_path, accelerator)
+            _eval_and_log(run.drafter, run.target, tokenizer, config, step, log_path, accelerator)
         if step % config.save_steps == 0 or step == max_steps:
             _save_checkpoint(accelerator, checkpoints, step)
     bar.close()
     accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        raw_drafter.eval()
-        if config.bigram_prior and not dflash2:  # DFlash2's selector does its work. Counted at the end: no checkpoint holds it, so a resumed run never needs it
-            prior = count_bigram_prior(samples, raw_drafter.config.vocab_size, raw_drafter.draft_vocab)
-            raw_drafter.set_bigram_prior(*prior, **BIGRAM_DEFAULTS)
-        raw_drafter.save_pretrained(output)
-        summary = {"samples": len(samples), "dropped_short": dropped, "steps": max_steps, "global_batch": global_batch,
-                   "processes": world, "train_seconds": round(time.perf_counter() - began, 1)}
-        if config.eval_prompts:
-            summary["eval"] = _eval_and_log(raw_drafter, target, tokenizer, config, max_steps, log_path, accelerator)
-        (output / TRAINING_ARGS).write_text(json.dumps({**_flat(config), **summary}, indent=2))
-        write_model_card(output)
-    accelerator.wait_for_everyone()  # no process leaves while the main one saves
-    for tracker in accelerator.trackers:
-        tracker.finish()
-    if not joined and torch.distributed.is_available() and torch.distributed.is_initialized():
-        # the group accelerate started here: left alive, its gloo threads can abort a process at exit
-        torch.distributed.destroy_process_group()
-    return raw_drafter
+
+
+def _optimizer_step(run: _Run, micro_batches: list, window) -> None:
+    """One optimizer step over `micro_batches` (gradient accumulation), the loss a weighted mean over every slot of
+    the global batch."""
+    config, accelerator = run.config, run.accelerator
+    # Normalised by the global weight, scaled back up by what DDP (mean over processes) and accelerate (mean over
+    # micro-batches) divide by.
+    local_weight = sum((run.weights[None, None] * b["label_mask"]).sum() for _, b in micro_batches)
+    global_weight = accelerator.reduce(local_weight.to(accelerator.device), "sum").clamp(min=1e-6)
+    scale = accelerator.num_processes * config.gradient_accumulation_steps / global_weight
+    for indices, batch in micro_batches:
+        features, topk = run.features_of(indices, batch)
+        with accelerator.accumulate(run.wrapped), accelerator.autocast():
+            weighted_sum, metrics = drafter_loss(
+                run.drafter, run.target, batch, features.to(accelerator.device), config, run.weights,
+                forward=run.wrapped, head=run.head, target_topk=topk,
+            )
+            accelerator.backward(weighted_sum * scale)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(run.wrapped.parameters(), config.max_grad_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad()
+        if accelerator.sync_gradients:
+            run.scheduler.step()
+        window.add(weighted_sum.detach(), metrics, int(batch["valid"].sum()))
+
+
+def _save_drafter(run: _Run, samples, tokenizer, output: Path, summary: dict) -> None:
+    """The trained drafter into `output` (main process): its bigram prior, weights, training record and card."""
+    from ..hub import TRAINING_ARGS, write_model_card
+
+    config, drafter = run.config, run.drafter
+    drafter.eval()
+    # DFlash2's selector does the prior's work. Counted at the end: no checkpoint holds it, so a resumed run never
+    # needs it
+    if config.bigram_prior and config.architecture != "dflash2":
+        prior = count_bigram_prior(samples, drafter.config.vocab_size, drafter.draft_vocab)
+        drafter.set_bigram_prior(*prior, **BIGRAM_DEFAULTS)
+    drafter.save_pretrained(output)
+    if config.eval_prompts:
+        summary["eval"] = _eval_and_log(drafter, run.target, tokenizer, config, summary["steps"],
+                                        output / "train_log.jsonl", run.accelerator)
+    (output / TRAINING_ARGS).write_text(json.dumps({**_flat(config), **summary}, indent=2))
+    write_model_card(output)
 
 
 def _make_micro_batch(samples, step, micro, rank, config, world, steps_per_epoch, mask_token_id):
@@ -241,7 +300,8 @@ class _Window:
             "loss": float(totals["weighted_loss"] / totals["weight"].clamp(min=1e-6)),
             "lr": lr,
             "slot_accuracy": [round(a, 4) for a in accuracy],
-            **({"selector_accuracy": round(float(totals["selector_correct"] / totals["selector_count"].clamp(min=1)), 4)}
+            **({"selector_accuracy": round(float(totals["selector_correct"]
+                                                 / totals["selector_count"].clamp(min=1)), 4)}
                if "selector_count" in totals else {}),
             "predicted_tau": float(1 + totals["accepted"] / totals["blocks"].clamp(min=1)),
             "tokens_per_s": self.tokens * accelerator.num_processes / max(seconds, 1e-9),
@@ -325,4 +385,5 @@ def _eval_and_log(drafter, target, tokenizer, config, step, log_path, accelerato
 
 
 def _flat(config: TrainingConfig) -> dict:
-    return {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v)) for k, v in asdict(config).items()}
+    plain = (int, float, str, bool)
+    return {k: (v if isinstance(v, plain) or v is None else str(v)) for k, v in asdict(config).items()}

@@ -128,6 +128,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.", r"embed_tokens\.", r"lm_head\."]
 
     decoder_layer_class = DFlashDecoderLayer  # DFlash2 swaps in its own
+    card_writer = None  # f(folder): writes README.md after `save_pretrained`; the layer above sets it (hf_dflash.hub)
 
     def __init__(self, config: DFlashConfig):
         if type(self) is DFlashDraftModel and "selector_top_k" in (config.dflash_config or {}):
@@ -215,7 +216,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             dflash_config={**({"target_model": target.name_or_path} if target.name_or_path else {}), **extras},
             **config_kwargs,
         )
-        weight = _stored_weight(target.get_input_embeddings())  # an offloaded target's: where accelerate keeps it
+        weight = stored_weight(target.get_input_embeddings())  # an offloaded target's: where accelerate keeps it
         if not 0 <= config.mask_token_id < weight.shape[0]:
             raise ValueError(
                 f"mask_token_id={config.mask_token_id} is not a row of the target's embedding table "
@@ -225,8 +226,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Save in the z-lab format, plus this file and configuration_dflash.py with an `auto_map`, so that
-        `AutoModel.from_pretrained(dir, trust_remote_code=True)` works without hf-dflash, and (when hf-dflash is
-        installed) a model card if the folder has none."""
+        `AutoModel.from_pretrained(dir, trust_remote_code=True)` works without hf-dflash, and a model card if the
+        folder has none and a `card_writer` is set (`import hf_dflash` sets `hf_dflash.hub.write_model_card`)."""
         model_file = Path(sys.modules[type(self).__module__].__file__).stem
         self.config.auto_map = {
             "AutoConfig": f"configuration_dflash.{type(self.config).__name__}",
@@ -235,12 +236,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         super().save_pretrained(save_directory, *args, **kwargs)
         for name in {"configuration_dflash.py", "modeling_dflash.py", f"{model_file}.py"}:
             shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
-        try:
-            from hf_dflash.hub import write_model_card
-        except ImportError:
-            return
-        if not (Path(save_directory) / "README.md").exists():
-            write_model_card(save_directory)
+        if self.card_writer is not None and not (Path(save_directory) / "README.md").exists():
+            self.card_writer(save_directory)
 
     def forward(
         self,
@@ -297,7 +294,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     def embed(self, target: nn.Module, input_ids: torch.LongTensor) -> torch.Tensor:
         """Block embeddings from the target's table: raw rows times `input_embedding_scale`, as the reference does
         (a target whose embedding module rescales, like Gemma, records its scale there)."""
-        weight = _stored_weight(target.get_input_embeddings())
+        weight = stored_weight(target.get_input_embeddings())
         scale = float(self.config.dflash_config.get("input_embedding_scale", 1.0))
         embeds = F.embedding(input_ids.to(weight.device), weight)
         return embeds * scale if scale != 1.0 else embeds
@@ -346,7 +343,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         half the bytes per step (the head is memory-bound) and the target's verification keeps the output exact."""
         if type(output_head) is not nn.Linear:
             return None
-        weight, bias, dtype = _stored_weight(output_head), _stored_weight(output_head, "bias"), self.fc.weight.dtype
+        weight, bias, dtype = stored_weight(output_head), stored_weight(output_head, "bias"), self.fc.weight.dtype
         # an offloaded head's copy goes where the drafter runs (each step would move the hidden states otherwise)
         device = self.fc.weight.device if output_head.weight.device.type == "meta" else weight.device
         # The gather costs milliseconds per `generate` call at a large head: keep it while the head's tensors and the
@@ -400,7 +397,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 
     def compute_logits(self, hidden_states: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         """Draft logits through the target's output head, with the drafter's optional multiplier and soft cap."""
-        weight = _stored_weight(output_head)  # an offloaded head's hook moves the input where it computes
+        weight = stored_weight(output_head)  # an offloaded head's hook moves the input where it computes
         return self._scale_logits(output_head(hidden_states.to(device=weight.device, dtype=weight.dtype)))
 
     def _scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -413,7 +410,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         return logits
 
 
-def _stored_weight(module: nn.Module, name: str = "weight") -> torch.Tensor | None:
+def stored_weight(module: nn.Module, name: str = "weight") -> torch.Tensor | None:
     """`module.<name>`, or, where accelerate offloads it (a `device_map` with "cpu" / "disk" entries, `cpu_offload`,
     `disk_offload`: a meta placeholder between forwards), the stored copy its hook loads for each forward."""
     tensor = getattr(module, name, None)
