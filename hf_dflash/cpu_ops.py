@@ -6,14 +6,17 @@
   the maximum (docs/design.md, "CPU operations").
 - `PackedLinear`: `F.linear` with bfloat16 weights hands oneDNN a row-major weight, which it reorders into its
   blocked layout on every call; for the few rows a drafter multiplies per step that reorder is a large share of
-  the call. `pack_linears(drafter)` makes its linears multiply with a copy packed once
+  the call. `packed_linears(drafter)` makes its linears multiply with a copy packed once
   (`torch.ops.mkldnn._reorder_linear_weight`, as torch.compile's CPU freezing does), with bitwise the same output
   (the same kernel, the same order of additions) in less time, most of all with its weights out of cache, as after
   the target's forward every step (docs/design.md). The draft head (the drafter's gathered copy of the target's
-  head rows, `DFlashDraftModel.draft_head`) is packed too.
+  head rows, `DFlashDraftModel.draft_head`) is packed too. The user's drafter gets its classes back when the call
+  ends; the packed copies are kept (`PACKED`, weakly by layer) for the next call.
 """
 
+import contextlib
 import functools
+import weakref
 
 import torch
 from torch import nn
@@ -21,6 +24,8 @@ from torch.nn import functional as F
 
 from .modeling.modeling_dflash import same_states, tensor_states
 
+# layer -> (the weight's state when packed, the packed copy): kept beside the layer, never in it
+PACKED: "weakref.WeakKeyDictionary[nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 CHUNK = 512  # the fastest chunk width for a block of rows of a large vocabulary (docs/design.md)
 
 
@@ -79,22 +84,33 @@ class PackedLinear(nn.Linear):
             return F.linear(input, weight, self.bias)
         # the same staleness test as the drafter's gathered head: the same weight object at the same `_version`
         state = (weight.dtype, *tensor_states(weight))
-        packed = self.__dict__.get("_packed")
+        packed = PACKED.get(self)
         if packed is None or not same_states(packed[0], state):
-            packed = state, pack_weight(weight)
-            self.__dict__["_packed"] = packed
+            packed = PACKED[self] = state, pack_weight(weight)
         return packed_linear(input, packed[1], self.bias)
-
-    def __getstate__(self):
-        # weak references do not pickle (deepcopy, torch.save): the copy is packed again on use
-        return {key: value for key, value in self.__dict__.items() if key != "_packed"}
 
 
 def pack_linears(module: nn.Module) -> nn.Module:
     """Make every plain `nn.Linear` in `module` a `PackedLinear`, in place (idempotent; nothing without oneDNN
-    bfloat16 support). The generation loop does this to a drafter on the CPU; the target is left as it is."""
+    bfloat16 support): for modules of hf-dflash's own, as the drafter's gathered head."""
     if packing_available():
         for child in module.modules():
             if type(child) is nn.Linear:
                 child.__class__ = PackedLinear
     return module
+
+
+@contextlib.contextmanager
+def packed_linears(module: nn.Module):
+    """Inside: `module`'s plain `nn.Linear`s on the CPU are `PackedLinear`s (where this torch can pack); on leaving
+    they are `nn.Linear`s again, so a user's model keeps its classes. The generation loop runs in it with the
+    drafter; the target is left as it is."""
+    swapped = [child for child in module.modules() if type(child) is nn.Linear and child.weight.device.type == "cpu"]
+    swapped = swapped if packing_available() else []
+    for child in swapped:
+        child.__class__ = PackedLinear
+    try:
+        yield module
+    finally:
+        for child in swapped:
+            child.__class__ = nn.Linear

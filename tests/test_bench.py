@@ -449,8 +449,8 @@ def test_oracle_on_the_fixed_shape_path(setup, arch, monkeypatch):
     _, _, tokenizer, prompts = setup
     target = make_target(arch, dtype=torch.float32)
     fixed = []
-    real = loop.fixed_shape_loop
-    monkeypatch.setattr(loop, "fixed_shape_loop", lambda *a: fixed.append(type(a[1]).__name__) or real(*a))
+    real = loop.speculative_loop
+    monkeypatch.setattr(loop, "speculative_loop", lambda *a: fixed.append(type(a[1]).__name__) or real(*a))
     timed = []  # the widths of the ceiling's forwards, in the order they ran
     forward_at = oracle_module.FixedShapeOracleDecoder.forward_at
     monkeypatch.setattr(oracle_module.FixedShapeOracleDecoder, "forward_at",
@@ -521,10 +521,12 @@ def _fixed_shape_calls(monkeypatch) -> tuple:
     eager backend (quick; the path is the compiled one's)."""
     from hf_dflash import compile_everywhere
     from hf_dflash.generation import loop
+    from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 
     fixed = []
-    real = loop.fixed_shape_loop
-    monkeypatch.setattr(loop, "fixed_shape_loop", lambda *a: fixed.append(1) or real(*a))
+    real = loop.speculative_loop
+    monkeypatch.setattr(loop, "speculative_loop",
+                        lambda *a: (fixed.append(1) if isinstance(a[1], FixedShapeDecoder) else None) or real(*a))
     compile_config = compile_everywhere(backend="eager", mode=None)
     return fixed, compile_config
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hf_dflash.cpu_ops import CHUNK, PackedLinear, argmax, pack_linears, packing_available
+from hf_dflash.cpu_ops import CHUNK, PACKED, PackedLinear, argmax, pack_linears, packing_available
 
 from conftest import left_padded, make_drafter, make_target
 
@@ -48,7 +48,7 @@ def test_packed_linear_is_bitwise_linear(shape, bias):
     assert type(linear) is PackedLinear
     with torch.no_grad():
         out = linear(x)
-    assert "_packed" in linear.__dict__  # the packed path ran
+    assert linear in PACKED  # the packed path ran
     assert torch.equal(out, expected)
 
 
@@ -74,7 +74,7 @@ def test_packed_linear_follows_the_weight():
     # with gradients it is nn.Linear (training the drafter)
     linear.weight.requires_grad_(True)
     linear(x.requires_grad_(True)).sum().backward()
-    assert linear.weight.grad is not None and "_packed" not in linear.__dict__
+    assert linear.weight.grad is not None and linear not in PACKED
     with torch.no_grad():
         before = linear(x)
         torch.optim.SGD(linear.parameters(), lr=1.0).step()  # an in-place write: the packed copy is stale
@@ -120,10 +120,11 @@ def test_generate_packs_a_cpu_drafter_and_keeps_the_output():
     plain = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
     out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
                           assistant_model=drafter)
-    assert all(type(m) is PackedLinear for m in drafter.modules() if isinstance(m, nn.Linear))
-    assert "_packed" in drafter.layers[0].mlp.gate_proj.__dict__  # the packed path ran
-    head = drafter._draft_head_cache[1][0]  # the drafter's bfloat16 copy of the target's float32 head
-    assert type(head) is PackedLinear and "_packed" in head.__dict__
+    # the packed path ran, and the user's drafter has its classes back
+    assert all(type(m) is nn.Linear for m in drafter.modules() if isinstance(m, nn.Linear))
+    assert drafter.layers[0].mlp.gate_proj in PACKED
+    head = drafter._draft_head_cache[1][0]  # the drafter's bfloat16 copy of the target's float32 head (its own)
+    assert type(head) is PackedLinear and head in PACKED
     assert torch.equal(out, plain)
 
 

@@ -9,9 +9,9 @@ from torch.overrides import TorchFunctionMode
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hf_dflash import compile_everywhere
-from hf_dflash.generation import auto_size, kv_cache, loop
+from hf_dflash.generation import DFlashProposer, auto_size, kv_cache, loop
 from hf_dflash.generation.auto_size import AutoTreeSize
-from hf_dflash.generation.fixed_shape import FixedShapeDecoder, FixedShapeProposer
+from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 from hf_dflash.generation.forward_costs import ForwardCosts
 
 from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
@@ -23,11 +23,15 @@ STATIC = dict(cache_implementation="static")
 
 
 def loops_run(monkeypatch) -> list:
-    """Which loop each DFlash call ran: "fixed" or "general"."""
+    """Which path each DFlash call ran: "fixed" or "general" (the decoder the one loop ran with)."""
     runs = []
-    for name, label in (("fixed_shape_loop", "fixed"), ("speculative_loop", "general")):
-        real = getattr(loop, name)
-        monkeypatch.setattr(loop, name, lambda *a, _real=real, _label=label: runs.append(_label) or _real(*a))
+    real = loop.speculative_loop
+
+    def recorded(proposer, decoder, input_ids):
+        runs.append("fixed" if isinstance(decoder, FixedShapeDecoder) else "general")
+        return real(proposer, decoder, input_ids)
+
+    monkeypatch.setattr(loop, "speculative_loop", recorded)
     return runs
 
 
@@ -431,9 +435,9 @@ def test_nothing_is_read_after_the_next_compiled_call(tree_size, monkeypatch):
     from an overwritten output."""
     with_costs(monkeypatch, FLAT)
     contexts = []
-    real = FixedShapeProposer.extend_context
-    monkeypatch.setattr(FixedShapeProposer, "extend_context", lambda self, features, *args: contexts.append(
-        bool(features.isfinite().all())) or real(self, features, *args))
+    real = DFlashProposer.extend_context
+    monkeypatch.setattr(DFlashProposer, "extend_context", lambda self, context: contexts.append(
+        bool(context.features.isfinite().all())) or real(self, context))
     torch._dynamo.reset()
     target = make_target("qwen3", dtype=torch.float32)
     drafter = make_drafter(target, block_size=4)

@@ -114,13 +114,12 @@ def test_wings_import_downwards_only():
 def test_the_oracle_drafts_through_public_methods_only():
     from hf_dflash.bench import oracle
     from hf_dflash.generation import Decoder, DFlashProposer
-    from hf_dflash.generation.fixed_shape import FixedShapeDecoder, FixedShapeProposer
+    from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 
     def owner(cls, name):
         return next(k for k in cls.__mro__ if name in vars(k))
 
     for cls, base in ((oracle.OracleProposer, DFlashProposer), (oracle.OracleDecoder, Decoder),
-                      (oracle.FixedShapeOracleProposer, FixedShapeProposer),
                       (oracle.FixedShapeOracleDecoder, FixedShapeDecoder)):
         assert issubclass(cls, base)
         overridden = [n for n in dir(base) if n != "__init__" and callable(getattr(base, n))
@@ -148,3 +147,25 @@ def test_results_md_is_what_its_snapshots_give():
     run = subprocess.run([sys.executable, str(ROOT / "examples" / "results_md.py"), "--check"], capture_output=True,
                          text=True, cwd=ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_both_paths_implement_one_interface():
+    """The general loop and the fixed-shape path meet the loop at the same methods, with the same signatures: one
+    `speculative_loop`, one `DFlashProposer` (only where it keeps its context differs), two decoders."""
+    import inspect
+
+    from hf_dflash.generation import Decoder, loop
+    from hf_dflash.generation.fixed_shape import FixedShapeDecoder, RowDrafterCache
+    from hf_dflash.generation.proposer import DynamicDrafterCache
+
+    decoder_side = ("prefill", "prompt_context", "room", "verify_forward", "accept", "drop_finished", "done",
+                    "result", "newest_tokens")
+    for name in decoder_side:
+        assert inspect.signature(getattr(Decoder, name)) == inspect.signature(getattr(FixedShapeDecoder, name)), name
+    for name in ("extend", "select_rows", "forward"):
+        assert inspect.signature(getattr(DynamicDrafterCache, name)).parameters.keys() == \
+            inspect.signature(getattr(RowDrafterCache, name)).parameters.keys(), name
+    assert not hasattr(loop, "fixed_shape_loop") and "sides" not in inspect.signature(loop.dflash_decode).parameters
+    source = inspect.getsource(loop.speculative_loop)
+    assert all(f"decoder.{name}" in source for name in ("prefill", "prompt_context", "room", "verify_forward",
+                                                         "accept", "done"))

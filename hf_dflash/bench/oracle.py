@@ -7,8 +7,8 @@ drafter: `OracleProposer` replaces its drafts with the target's own greedy conti
 by the plain `generate` run the benchmark makes anyway), so the measured speedup over the ceiling is the loop's
 efficiency. After each step `OracleDecoder` also times t(1) and t(k) of the sizes the ceiling needs, there, on the
 step's own cache: a machine's drift (clocks, other jobs) then reaches the loop and its ceiling alike (`ceilings`).
-On the fixed-shape path (`cache_implementation="static"`) `FixedShapeOracleProposer` and `FixedShapeOracleDecoder`
-do the same, timing the path's own (compiled) forwards.
+On the fixed-shape path (`cache_implementation="static"`) the same `OracleProposer` drafts (one proposer serves both
+paths) and `FixedShapeOracleDecoder` times the path's own (compiled) forwards.
 `hf_dflash.bench.benchmark(..., oracle=True)` measures both in the same run.
 
 In bfloat16 a verification over B tokens may round a near-tie differently from one-token forwards, so the committed
@@ -23,10 +23,10 @@ import functools
 import torch
 
 from ..generation.decoder import Decoder, as_plain_generate
-from ..generation.fixed_shape import FixedShapeDecoder, FixedShapeProposer
+from ..generation.fixed_shape import FixedShapeDecoder
 from ..generation.forward_costs import now
 from ..generation.kv_cache import set_write_index
-from ..generation.loop import dflash_decode, original_generate
+from ..generation.loop import DFlashCall, original_generate
 from ..generation.proposer import DFlashProposer
 from ..generation.tree import DraftTree, tree_attention_mask
 
@@ -170,8 +170,8 @@ class OracleDrafts:
 
 class OracleProposer(DFlashProposer):
     """A `DFlashProposer` whose drafts are the target's own greedy continuation, placed after the real drafter ran (its
-    cost stays in the loop). A drafter's bigram prior or DFlash2 selector is left out: either would rerank the right
-    drafts below wrong ones.
+    cost stays in the loop), on either path. A drafter's bigram prior or DFlash2 selector is left out: either would
+    rerank the right drafts below wrong ones.
     `full_step` tells the oracle what a full step verifies (None with "auto": what each step verified)."""
 
     def __init__(self, *args, oracle: OracleDrafts, **kwargs):
@@ -252,11 +252,6 @@ class OracleDecoder(Decoder):
         self.oracle.time_ceiling(forward)
 
 
-class FixedShapeOracleProposer(OracleProposer, FixedShapeProposer):
-    """`OracleProposer`'s drafts on the fixed-shape path: the real drafter runs there (compiled), then the oracle
-    places the right drafts."""
-
-
 class FixedShapeOracleDecoder(FixedShapeDecoder):
     """`OracleDecoder` on the fixed-shape path: it counts the oracle's rejected drafts and, after each step, times
     the ceiling's forwards as the path runs them (compiled, over its preallocated cache)."""
@@ -274,9 +269,9 @@ class FixedShapeOracleDecoder(FixedShapeDecoder):
             self.oracle.wrong_steps += int(((kept - 1 < placed) & ~cut & ~self.finished).sum())
         return tokens, kept, path
 
-    def accept(self, logits, tree):
+    def accept(self, logits, tree, features):
         before = self.lengths
-        accepted = super().accept(logits, tree)
+        accepted = super().accept(logits, tree, features)
         with self.oracle.untimed(self.target.device):
             self.oracle.step = {"rows": len(before), "verified": tree.tokens.shape[1],
                                 "committed": int((self.lengths - before).sum())}
@@ -303,23 +298,19 @@ class FixedShapeOracleDecoder(FixedShapeDecoder):
         self.oracle.time_ceiling(forward)
 
 
-def oracle_sides(oracle: OracleDrafts, path: str) -> tuple:
-    """The callables building the oracle's proposer and decoder on `path` ("general" or "fixed_shape": the
-    `sides` of `dflash_decode`)."""
-    proposer, decoder = {"general": (OracleProposer, OracleDecoder),
-                         "fixed_shape": (FixedShapeOracleProposer, FixedShapeOracleDecoder)}[path]
-    return functools.partial(proposer, oracle=oracle), functools.partial(decoder, oracle=oracle)
-
-
 def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draft_tree_size=None,
                     assistant_confidence_threshold=None, **kwargs):
-    """`target.generate(**inputs, assistant_model=drafter, ...)` with the oracle's drafts: the same loop
-    (`dflash_decode`; the fixed-shape one with `cache_implementation="static"`), its two sides the oracle's."""
-    decode = functools.partial(
-        dflash_decode, drafter=drafter, draft_tree_size=draft_tree_size,
-        assistant_confidence_threshold=assistant_confidence_threshold,
-        sides=functools.partial(oracle_sides, oracle),
-    )
+    """`target.generate(**inputs, assistant_model=drafter, ...)` with the oracle's drafts: the same call
+    (`DFlashCall`; the fixed-shape path with `cache_implementation="static"`) run with the oracle's proposer, and
+    the decoder of its path that times the ceiling."""
+
+    def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        call = DFlashCall(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, None,
+                          model_kwargs, draft_tree_size=draft_tree_size,
+                          assistant_confidence_threshold=assistant_confidence_threshold)
+        decoder = FixedShapeOracleDecoder if call.fixed_shape else OracleDecoder
+        return call.run(functools.partial(OracleProposer, oracle=oracle), functools.partial(decoder, oracle=oracle))
+
     return original_generate(target, **inputs, custom_generate=decode, **kwargs)
 
 

@@ -4,13 +4,16 @@ the target's KV cache across verifications (`kv_cache`), draft trees (`tree`), a
 and `AutoModel` reach them."""
 
 from .decoder import Decoder, DFlashGenerateOutput
-from .loop import dflash_decode, generate, speculative_loop
-from .proposer import DFlashProposer, check_compatible
+from .loop import DFlashCall, dflash_decode, generate, speculative_loop
+from .proposer import Context, DFlashProposer, DraftSettings, check_compatible
 
 __all__ = [
+    "Context",
+    "DFlashCall",
     "DFlashGenerateOutput",
     "DFlashProposer",
     "Decoder",
+    "DraftSettings",
     "check_compatible",
     "dflash_decode",
     "generate",

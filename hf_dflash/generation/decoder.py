@@ -31,6 +31,7 @@ from ..cpu_ops import argmax
 from ..sampling import exponential_race, rejection_sample
 from .forward_costs import now
 from .kv_cache import check_cache, gather_path, holes_allowed, keep_verified
+from .proposer import Context
 from .tree import DraftTree, greedy_paths, mask_one_token, tree_attention_mask
 
 # Processors that ignore `input_ids`: applied once to all block positions instead of position by position.
@@ -66,17 +67,26 @@ def as_plain_generate():
 
 
 class Decoder:
-    """The target's state in one `dflash_decode` call. `trees`: the proposer drafts trees (their masks, on a CPU
-    also for one-token steps: `mask_one_token`); `costs`: the "auto" policy's `LoopCosts`, fed by timing each
-    verification (None: nothing is timed)."""
+    """The target's state in one `dflash_decode` call on the general loop. `attention_mask`: the prompts' (None
+    without padding); `positions` [rows, P]: theirs (`prompt_positions`). `trees`: the proposer drafts trees (their
+    masks, on a CPU also for one-token steps: `mask_one_token`); `costs`: the "auto" policy's `LoopCosts`, fed by
+    timing each verification (None: nothing is timed).
+
+    The loop's interface, which `fixed_shape.FixedShapeDecoder` implements too: `prefill`, `prompt_context`, `room`,
+    `verify_forward`, `accept`, `drop_finished`, `done`, `result`; and what a proposer reads of the committed tokens:
+    `newest_tokens()`, `next_pos`, `rows`, `lengths`, `sequences`, `prompt_len`, `finished`."""
 
     def __init__(
-        self, target, generation_config, logits_processor, stopping_criteria, streamer, input_ids, *,
-        trees: bool = False, costs=None,
+        self, target, generation_config, logits_processor, stopping_criteria, streamer, input_ids, attention_mask,
+        positions, *, trees: bool = False, costs=None,
     ):
         self.target = target
         self.config = generation_config
         self.processors = logits_processor or []
+        self.attention_mask = attention_mask
+        self.prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else \
+            attention_mask.bool()
+        self.prompt_positions = positions
         if input_ids.shape[0] > 1 and any(isinstance(p, UnbatchedClassifierFreeGuidanceLogitsProcessor)
                                           for p in self.processors):
             raise ValueError(
@@ -130,25 +140,44 @@ class Decoder:
             )
         return out
 
-    def prefill(self, input_ids, attention_mask, prompt_mask: torch.BoolTensor, positions: torch.LongTensor):
-        """The target reads the prompts at `positions` [rows, prompt_len] (`prompt_positions`) and commits its first
-        token; returns its output (the prompts' features)."""
-        out = self.target_forward(input_ids, attention_mask, positions, logits_to_keep=1)
+    # --- the loop's interface ------------------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.LongTensor):
+        """The target reads the prompts and commits its first token; returns its output (the prompts' features)."""
+        positions = self.prompt_positions
+        out = self.target_forward(input_ids, self.attention_mask, positions, logits_to_keep=1)
         check_cache(self.cache)  # the layer types exist once the prefill filled the cache
         self.holes = holes_allowed(self.target, self.cache)
         tokens, kept, scores, _ = self.verify(out.logits[:, -1:], DraftTree.chain(input_ids[:, -1:]))  # no drafts
         self.commit(tokens, kept, scores)
-        self.target_mask = prompt_mask
+        self.target_mask = self.prompt_mask
         self.next_pos = positions[:, -1] + 1  # as `generate` goes on: one past the last prompt slot's, mask or not
         return out
+
+    def prompt_context(self, features: torch.Tensor) -> Context:
+        """The drafter's first context: the prompts' features [rows, P, F], real where the mask says."""
+        return Context(features, self.prompt_mask, self.prompt_positions)
+
+    def room(self, block_size: int) -> int:
+        """The most tokens a step may verify, at most `block_size`: no row drafts past `max_length` (a tree: never
+        deeper)."""
+        return min(block_size, int((self.config.max_length - self.lengths[self.rows]).max()))
+
+    def accept(self, logits: torch.Tensor, tree: DraftTree, features: torch.Tensor) -> tuple:
+        """After the verification of `tree` (`logits` [rows, T, vocab]): the target's tokens along each row's tree,
+        committed with the stopping checks, recorded, and the accepted path kept in the cache. `features`
+        [rows, T, F]: the drafter's features of the verified slots. Returns the drafter's next `Context`, the
+        path [rows, L] and how many tokens each row kept [rows] (accepted drafts + the target's own)."""
+        tokens, kept, scores, path = self.verify(logits, tree)
+        self.record(self.commit(tokens, kept, scores), tree)
+        return Context(*self.keep_path(features, path, kept)), path, kept
+
+    def done(self) -> bool:
+        """Whether every row has stopped (stopped rows leave the batch: `drop_finished`)."""
+        return self.rows.numel() == 0
 
     def newest_tokens(self) -> torch.LongTensor:
         """Each live row's newest committed token [rows]: the root of its next tree."""
         return self.sequences[self.rows, self.lengths[self.rows] - 1]
-
-    def room(self) -> int:
-        """The most tokens a step may verify: no row drafts past `max_length` (a tree: never deeper)."""
-        return int((self.config.max_length - self.lengths[self.rows]).max())
 
     # --- verification -------------------------------------------------------------------------------------
     def verify_forward(self, tree: DraftTree):
@@ -274,11 +303,9 @@ class Decoder:
         return scores
 
     def choose(self, scores: torch.Tensor) -> torch.LongTensor:
-        if not self.config.do_sample:
-            return argmax(scores)
         # A greedy draft is a point-mass proposal: sampling the target at each position and accepting while the
         # sample equals the draft is exact speculative sampling.
-        return exponential_race(F.softmax(scores, dim=-1))
+        return pick(scores, self.config.do_sample)
 
     # --- commit -------------------------------------------------------------------------------------------
     def commit(self, tokens: torch.LongTensor, kept: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
@@ -406,6 +433,18 @@ class Decoder:
         return tuple(torch.stack([r[k] if k < len(r) else filler for r in per_row]) for k in range(steps))
 
 
+def pick(scores: torch.Tensor, do_sample: bool) -> torch.LongTensor:
+    """The target's token for each row of `scores` [..., vocab] (processed): the argmax, or a sample of their softmax
+    (an exponential race: exact, like `multinomial`, without a host read)."""
+    return exponential_race(F.softmax(scores, dim=-1)) if do_sample else argmax(scores)
+
+
+def eos_token_ids(criteria, device) -> torch.LongTensor:
+    """The EOS ids of the stopping criteria's `EosTokenCriteria` (none: an empty tensor)."""
+    eos = [c.eos_token_id.reshape(-1).to(device) for c in criteria or [] if type(c) is EosTokenCriteria]
+    return torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
+
+
 def pad_token_id(generation_config) -> int:
     """The id `generate` pads finished rows with: `pad_token_id`, else the first EOS id (transformers' fallback), else
     0."""
@@ -432,6 +471,4 @@ def _simple_stops(criteria, device) -> tuple:
     kinds = {type(c) for c in criteria or []}
     if not kinds <= {MaxLengthCriteria, EosTokenCriteria} or MaxLengthCriteria not in kinds:
         return None, None
-    eos = [c.eos_token_id.reshape(-1).to(device) for c in criteria if type(c) is EosTokenCriteria]
-    eos = torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
-    return eos, min(c.max_length for c in criteria if type(c) is MaxLengthCriteria)
+    return eos_token_ids(criteria, device), min(c.max_length for c in criteria if type(c) is MaxLengthCriteria)

@@ -2,8 +2,8 @@
 the host reads the device once per step (without "auto", one step late).
 
 `generate(..., cache_implementation="static")` asks for it, as it asks plain `generate` for a static cache; where
-the call's settings allow it (`unsupported_reason` is None) `dflash_decode` runs `fixed_shape_loop` instead of the
-general loop. What changes:
+the call's settings allow it (`unsupported_reason` is None) the loop runs with a `FixedShapeDecoder` and a
+`RowDrafterCache` instead of the general path's sides (the same loop, the same proposer). What changes:
 
 - the target's and the drafter's KV caches are preallocated (`kv_cache.row_cache`, kept for the next call of the same
   shape) with room for `max_length` and a spare slot for whatever a last step writes past it; each row writes its
@@ -33,30 +33,22 @@ import torch
 from transformers.generation import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 from transformers.utils import logging
 
-from ..cpu_ops import argmax
-from ..modeling.modeling_dflash import block_visibility
-from ..sampling import exponential_race, rejection_sample
-from .auto_size import AutoTreeSize
+from ..sampling import rejection_sample
 from .compiling import compile_config_for, compiled_call, compiled_function
-from .decoder import POSITION_FREE_PROCESSORS, DFlashGenerateOutput, pad_token_id
+from .decoder import POSITION_FREE_PROCESSORS, DFlashGenerateOutput, eos_token_ids, pad_token_id, pick
 from .kv_cache import cache_capacity, move_slots, row_cache, set_write_index, step_span
-from .proposer import DFlashProposer
-from .tree import DraftTree, ancestors, build_tree_on_device
+from .proposer import Context, DraftSettings, drafter_masks
+from .tree import DraftTree, additive_mask, ancestors, takes_explicit_masks
 
 logger = logging.get_logger(__name__)
 
-def unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
-                       tree_size, assistant_confidence_threshold) -> str | None:
-    """Why this call cannot run on the fixed-shape path, or None when it can (`tree_size`: the call's, or else the
-    drafter's)."""
-    default = 0.0 if tree_size == "auto" else drafter.assistant_confidence_threshold  # as `DFlashProposer`'s
-    threshold = default if assistant_confidence_threshold is None else assistant_confidence_threshold
-    implementation = target.config.get_text_config()._attn_implementation
-    if tree_size != "auto" and (not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0):
-        return f"draft_tree_size={tree_size!r}"  # the general loop says what is wrong with it
-    if threshold:
-        return f"assistant_confidence_threshold={threshold!r} (pass 0)"
-    if implementation not in ("eager", "sdpa"):
+def unsupported_reason(target, settings: DraftSettings, generation_config, logits_processor, stopping_criteria,
+                       streamer) -> str | None:
+    """Why this call cannot run on the fixed-shape path, or None when it can."""
+    if settings.threshold:
+        return f"assistant_confidence_threshold={settings.threshold!r} (pass 0)"
+    if not takes_explicit_masks(target):
+        implementation = target.config.get_text_config()._attn_implementation
         return f"{implementation} attention (eager or sdpa take the explicit masks it needs)"
     if not all(isinstance(p, POSITION_FREE_PROCESSORS) for p in logits_processor or []):
         names = sorted({type(p).__name__ for p in logits_processor if not isinstance(p, POSITION_FREE_PROCESSORS)})
@@ -80,8 +72,12 @@ class FixedShapeDecoder:
     step verifies `verify_width` tokens there: the block, or a tree's root and its nodes (at most `tree_size`)."""
 
     def __init__(self, target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
-                 prompt_positions, block_size: int, tree_size: int = 0):
+                 prompt_positions, settings: DraftSettings):
         self.target = target
+        block_size, tree_size = settings.block_size, settings.tree_size
+        # "auto": its step costs (`StepCosts`, timed here) and every width it may choose, compiled after the prefill
+        self.costs = None if settings.auto is None else settings.auto.costs
+        self.warm_widths = [] if settings.auto is None else [size + 1 for size in settings.auto.sizes]
         self.config = generation_config
         self.processors = logits_processor or []
         self.block_size = block_size
@@ -90,8 +86,7 @@ class FixedShapeDecoder:
         device = input_ids.device
         batch, self.prompt_len = input_ids.shape
         self.max_length = generation_config.max_length
-        eos = [c.eos_token_id.reshape(-1).to(device) for c in stopping_criteria or [] if type(c) is EosTokenCriteria]
-        self.eos_ids = torch.cat(eos) if eos else torch.zeros(0, dtype=torch.long, device=device)
+        self.eos_ids = eos_token_ids(stopping_criteria, device)
         self.stop_strings = [c for c in stopping_criteria or [] if type(c) is StopStringCriteria]
         self.pad_token_id = pad_token_id(generation_config)
         self.capacity = cache_capacity(self.max_length)
@@ -122,6 +117,8 @@ class FixedShapeDecoder:
         self.verify_calls = {}  # width -> the target's (compiled) call
         self.move_slots = None  # `kv_cache.move_slots`, compiled where the forwards are
         self.rows = torch.arange(batch, device=device)  # every row stays: the decoder's rows never change
+        self.flags = _DeferredFlags(self.finished)
+        self.checks = 0  # calls of `done`
 
     @property
     def next_pos(self) -> torch.LongTensor:
@@ -153,21 +150,43 @@ class FixedShapeDecoder:
         masks = {}
         for kind in self.layer_types:
             seen = visible & (distance < self.sliding_window) if kind == "sliding_attention" else visible
-            masks[kind] = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
-                ~seen, torch.finfo(dtype).min)[:, None]
+            masks[kind] = additive_mask(seen, dtype)[:, None]
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
+    # --- the loop's interface (as `Decoder`'s) ------------------------------------------------------------------
     def prefill(self, input_ids: torch.LongTensor):
-        """The prompts into the cache at slots [0, P), eagerly, and the first token committed; returns the output."""
+        """The prompts into the cache at slots [0, P), eagerly, and the first token committed; with "auto", every
+        width it may choose compiled (`warm_up`). Returns the target's output."""
         slots = torch.arange(self.prompt_len, device=input_ids.device).expand(len(input_ids), -1)
         set_write_index(self.cache, slots)
         out = self.target(input_ids=input_ids, position_ids=self.prompt_positions,
                           attention_mask=self._masks(slots, self.target.dtype), cache=self.cache, use_cache=True,
                           output_hidden_states=True, logits_to_keep=1)
         self.compile_config = compile_config_for(self.target, self.cache, self.config)
-        tokens = self.choose(out.logits[:, -1:])  # [rows, 1]
+        tokens = pick(self.process(out.logits[:, -1:]), self.config.do_sample)  # [rows, 1]
         self.commit(tokens, torch.ones_like(self.lengths), record=False)
+        self.warm_up(self.warm_widths)
         return out
+
+    def prompt_context(self, features: torch.Tensor) -> Context:
+        """The drafter's first context: the prompts' features [rows, P, F] at slots [0, P)."""
+        slots = torch.arange(self.prompt_len, device=self.slot.device).expand(len(self.slot), -1)
+        return Context(features, ~self.key_is_pad[:, : self.prompt_len], self.prompt_positions, slots)
+
+    def room(self, block_size: int) -> int:
+        """Every step verifies the whole block (its tokens past `max_length` go to the spare slot, never committed)."""
+        return block_size
+
+    def done(self) -> bool:
+        """Whether every row has stopped, as of the step before the last on CUDA (the last may have had nothing left
+        to commit; the host learns of a stop while the next step is already queued), or `max_length` was reached."""
+        self.flags.publish(self.finished)
+        self.checks += 1
+        return self.checks > self.max_length - self.prompt_len or self.flags.all_set()
+
+    def drop_finished(self) -> torch.LongTensor | None:
+        """Stopped rows stay in the batch here, frozen (they commit nothing): shapes never change."""
+        return None
 
     def verify_call(self, width: int):
         """The target's call for a verification of `width` tokens: compiled (`compiled_call`), one function a width."""
@@ -193,12 +212,11 @@ class FixedShapeDecoder:
                 self.forward_at(newest.repeat(1, width), slots)
                 warm.add(key)
 
-    def prompt_slots(self, rows: int) -> torch.LongTensor:
-        return torch.arange(self.prompt_len, device=self.slot.device).expand(rows, -1)
-
     def verify_forward(self, tree: DraftTree):
         """The target over `tree` [rows, T] (the root, then its drafts) at each row's slots."""
         self.verify_width = width = tree.tokens.shape[1]
+        if self.costs is not None:
+            self.costs.step_begins(width, time.perf_counter())  # a step: from one choice to the next
         self.widths.append(width)
         query_slots = self.write_index[:, :width]  # [rows, T]: a view of one buffer, the same every step
         query_slots.copy_(self.step_slots(width))
@@ -228,8 +246,7 @@ class FixedShapeDecoder:
                 key_at = torch.where(is_node, self.slot[:, None] + tree.depths.gather(1, tree_slot), keys)
                 query_at = self.slot[:, None] + tree.depths
                 seen = visible & (query_at[:, :, None] - key_at[:, None, :] < self.sliding_window)
-            masks[kind] = torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(
-                ~seen, torch.finfo(dtype).min)[:, None]
+            masks[kind] = additive_mask(seen, dtype)[:, None]
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def forward_at(self, tokens: torch.LongTensor, query_slots: torch.LongTensor):
@@ -239,10 +256,6 @@ class FixedShapeDecoder:
                                 attention_mask=self._masks(query_slots, self.target.dtype), cache=self.cache,
                                 use_cache=True, output_hidden_states=True)
 
-    def choose(self, logits: torch.Tensor) -> torch.LongTensor:
-        """The target's token at every position of `logits` [rows, V, vocab] (`process`, then `pick`)."""
-        return self.pick(self.process(logits))
-
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """`logits` [rows, V, vocab] processed as `generate` processes them, in float32."""
         rows, width, vocab = logits.shape
@@ -251,21 +264,20 @@ class FixedShapeDecoder:
             scores = self.processors(torch.zeros(rows * width, 1, dtype=torch.long, device=scores.device), scores)
         return scores.view(rows, width, vocab)
 
-    def pick(self, scores: torch.Tensor) -> torch.LongTensor:
-        """The argmax of each position's `scores` [rows, V, vocab], or a sample of their softmax (an exponential race:
-        exact, like `multinomial`, without a host read)."""
-        return exponential_race(scores.softmax(-1)) if self.config.do_sample else argmax(scores)
-
-    def accept(self, logits: torch.Tensor, tree: DraftTree) -> tuple:
-        """Verify `tree` against the target's `logits` [rows, T, vocab]; commit. Returns the slots [rows, B] that
-        now hold the verified block, or the tree's path from its root (the drafter's next context), that path
-        [rows, B] of tree slots (None for a chain), and how many tokens each row kept before any stop [rows]."""
+    def accept(self, logits: torch.Tensor, tree: DraftTree, features: torch.Tensor) -> tuple:
+        """Verify `tree` against the target's `logits` [rows, T, vocab], commit, and keep the accepted path in the
+        cache. `features` [rows, T, F]: the drafter's features of the verified slots. Returns the drafter's next
+        `Context` (the block's, or the tree's path's, now at the slots from the old root on), the path [rows, B] of
+        tree slots (None for a chain), and how many tokens each row kept before any stop [rows]."""
         tokens, kept, path = self.verify(logits, tree)
         if path is not None:
             self.keep_path(path)
+            features = features.gather(1, path.to(features.device)[..., None].expand(-1, -1, features.shape[-1]))
         written = self.step_slots(self.block_size)
+        context = Context(features, self.offsets[: self.block_size] < kept[:, None], self.slot_positions(written),
+                          written)
         self.slot = self.slot + self.commit(tokens, kept)
-        return written, path, kept
+        return context, path, kept
 
     def verify(self, logits: torch.Tensor, tree: DraftTree) -> tuple:
         """The target's tokens [rows, B] along each row's accepted path and after it, how many of them each row keeps
@@ -274,9 +286,9 @@ class FixedShapeDecoder:
         scores = self.process(logits)
         if tree.proposal is not None:  # drawn drafts: each kept with probability min(1, p / q), else resampled
             drawn = rejection_sample(scores[:, :-1], tree.tokens[:, 1:], *tree.proposal)
-            choices = torch.cat([drawn, self.pick(scores[:, -1:])], dim=1)  # after the last draft: the target's own
+            choices = torch.cat([drawn, pick(scores[:, -1:], True)], dim=1)  # after the last draft: the target's own
         else:
-            choices = self.pick(scores)  # [rows, T]: the target's token after each slot
+            choices = pick(scores, self.config.do_sample)  # [rows, T]: the target's token after each slot
         if tree.is_chain:
             matches = tree.tokens[:, 1:] == choices[:, :-1]
             return choices, matches.long().cumprod(-1).sum(-1) + 1, None
@@ -349,117 +361,49 @@ class FixedShapeDecoder:
         )
 
 
-class FixedShapeProposer(DFlashProposer):
-    """The drafter side of the fixed-shape path: a `DFlashProposer` whose drafter cache is preallocated with the
-    decoder's slots, whose context is each verified block (its rejected slots masked), and whose forward is compiled
-    from the second draft on (the first reads the whole prompt)."""
+class RowDrafterCache:
+    """The fixed-shape path's drafter context (`proposer.DynamicDrafterCache`'s counterpart): a row cache with the
+    decoder's slots (`kv_cache.row_cache`), each verified block's features written at its slots (its rejected ones
+    masked by the next forward: they lie past the new root), and the drafter's forward compiled from the second draft
+    on (the first reads the whole prompt)."""
 
-    def __init__(self, target, drafter, *, decoder: FixedShapeDecoder, auto: AutoTreeSize | None = None,
-                 **settings):
-        super().__init__(target, drafter, batch_size=len(decoder.slot), **settings)
-        self.decoder = decoder
-        self.auto = auto  # with it, `tree_size` is the widest tree it may choose (`auto_size.fixed_shape_auto`)
-        self.live = None  # the rows that were live when "auto" chose the step's size
+    fixed_shapes = True
+
+    def __init__(self, drafter, decoder: FixedShapeDecoder):
         self.cache = row_cache(drafter, drafter.config.num_hidden_layers, decoder.capacity, len(decoder.slot))
         self.drafter_call, self.compiled = drafter.__call__, False
-        config = drafter.config
-        self.layer_types = set(config.layer_types or ["full_attention"])
-        self.sliding_window = config.sliding_window
+        self.context = None
 
-    def extend_context(self, features: torch.Tensor, slots: torch.LongTensor, path: torch.LongTensor | None = None):
-        """The target's features [rows, n, F] of the slots [rows, n] just verified (of a tree: its `path` [rows, n],
-        which now holds those slots); the drafter caches them and reads those below each row's next root."""
-        if path is not None:
-            features = features.gather(1, path.to(features.device)[..., None].expand(-1, -1, features.shape[-1]))
-        self.context = (features, slots)
+    def extend(self, context: Context) -> None:
+        self.context = context
 
-    def propose(self, decoder: FixedShapeDecoder, verify_len: int) -> DraftTree:
-        """What to verify: each row's newest token, then its chain of drafts, or a tree of `tree_size` nodes."""
-        newest = decoder.newest_tokens()
-        if not self.tree_size:
-            proposal = None
-            if self.temperature is None:
-                drafts, _ = self.draft_chain(decoder, verify_len)
-            else:
-                drafts, _, proposal = self.sample_chain(decoder, verify_len)
-            proposal = None if proposal is None else tuple(t.to(newest.device) for t in proposal)
-            return DraftTree.chain(torch.cat([newest[:, None], drafts.to(newest.device)], dim=1), proposal)
-        candidates = self.conditional_candidates if self.conditional else self.draft_candidates
-        ids, probs = candidates(decoder, verify_len, self.top_k)
-        tree = build_tree_on_device(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
-        if self.auto is None:
-            return tree
-        self.live = ~decoder.finished
-        num_drafts = self.auto.choose(tree, self.live)  # the step's one host read: it waits for the draft
-        self.auto.costs.step_begins(num_drafts + 1, time.perf_counter())
-        return tree.first(num_drafts)
+    def select_rows(self, live) -> None:
+        raise RuntimeError("The fixed-shape path keeps every row: its decoder never drops one.")
 
-    def accepted(self, tree: DraftTree, path: torch.LongTensor | None, num_accepted: torch.LongTensor) -> None:
-        """`DFlashProposer.accepted`, counting only the rows that were live (stopped rows stay in the batch here)."""
-        if self.auto is not None and tree.num_drafts:
-            self.auto.update(tree, path, num_accepted, self.live)
-
-    def hidden_states(self, decoder: FixedShapeDecoder, verify_len: int) -> torch.Tensor:
-        drafter = self.drafter
-        device = drafter.device
-        features, context_slots = self.context
-        block_slots = decoder.slot[:, None] + decoder.offsets[:verify_len]
+    def forward(self, drafter, noise_embeds: torch.Tensor, decoder: FixedShapeDecoder) -> torch.Tensor:
+        """The drafter over the context and a block (`noise_embeds` [rows, V, hidden]) at the slots from each row's
+        root on; returns the block's hidden states, writing the context's keys at its slots."""
+        device = noise_embeds.device
+        context_slots = self.context.slots
+        block_slots = decoder.slot[:, None] + decoder.offsets[: noise_embeds.shape[1]]
         positions = decoder.slot_positions(torch.cat([context_slots, block_slots], dim=1)).to(device)
         context_slots, block_slots = context_slots.to(device), block_slots.to(device)
         set_write_index(self.cache, context_slots)
-        block_ids = torch.full(block_slots.shape, drafter.config.mask_token_id, dtype=torch.long, device=device)
-        block_ids[:, 0] = decoder.newest_tokens().to(device)
+        # the keys: every cached slot below each row's root that holds a real token, then the block
+        keys = torch.arange(decoder.capacity, device=device)
+        cached = (keys < block_slots[:, :1]) & ~decoder.key_is_pad.to(device)  # [rows, capacity]
+        key_valid = torch.cat([cached, torch.ones_like(block_slots, dtype=torch.bool)], dim=1)
+        key_slots = torch.cat([keys.expand(len(block_slots), -1), block_slots], dim=1)
         hidden = self.drafter_call(
-            noise_embeds=drafter.embed(self.target, block_ids).to(device),
-            context_hidden_states=features.to(device),
+            noise_embeds=noise_embeds,
+            context_hidden_states=self.context.features.to(device),
             position_ids=positions,
-            attention_mask=self._masks(block_slots, decoder.key_is_pad.to(device)),
+            attention_mask=drafter_masks(drafter.config, key_valid, key_slots, block_slots),
             cache=self.cache,
         ).last_hidden_state
         if not self.compiled:  # the context's width is the block's from the next draft on
             self.drafter_call, self.compiled = compiled_call(drafter, decoder.compile_config), True
-        return hidden[:, 1:]
-
-    def _masks(self, block_slots: torch.LongTensor, key_is_pad: torch.BoolTensor) -> dict:
-        """Boolean masks [rows, 1, V, capacity + V]: the cached slots below each row's root that hold real tokens,
-        then the block, seen as `_drafter_masks` sees it (within a sliding window; causally where the config says)."""
-        capacity = key_is_pad.shape[1]
-        root = block_slots[:, :1]  # [rows, 1]
-        keys = torch.arange(capacity, device=block_slots.device)
-        cached = (keys < root) & ~key_is_pad  # [rows, capacity]
-        rows, width = block_slots.shape
-        visible = torch.cat([cached[:, None, :].expand(-1, width, -1),
-                             torch.ones(rows, width, width, dtype=torch.bool, device=block_slots.device)], dim=-1)
-        key_slots = torch.cat([keys.expand(rows, -1), block_slots], dim=1)
-        distance = block_slots[:, :, None] - key_slots[:, None, :]
-        config = self.drafter.config
-        masks = {}
-        for kind in self.layer_types:
-            window = self.sliding_window if kind == "sliding_attention" else None
-            masks[kind] = (visible & block_visibility(distance, window, config.layer_is_causal(kind)))[:, None]
-        return masks
-
-
-def fixed_shape_loop(proposer: FixedShapeProposer, decoder: FixedShapeDecoder, input_ids) -> None:
-    """Prefill, then propose / verify / accept, every step the same shapes, until every row has stopped (read one step
-    late: the host learns of it while the next step is already queued)."""
-    out = decoder.prefill(input_ids)
-    if proposer.auto is not None:
-        decoder.warm_up([size + 1 for size in proposer.auto.sizes])
-    proposer.extend_context(proposer.features(out.hidden_states), decoder.prompt_slots(len(input_ids)))
-    flags = _DeferredFlags(decoder.finished)
-    flags.publish(decoder.finished)
-    for _ in range(decoder.max_length - decoder.prompt_len):
-        if flags.all_set():  # on CUDA as of the step before the last: the last may have had nothing left to commit
-            break
-        tree = proposer.propose(decoder, decoder.block_size)  # [rows, T]: the newest token, then the drafts
-        out = decoder.verify_forward(tree)
-        # Read before the next compiled call: under CUDA graphs that call may reuse the memory of this one's outputs
-        features = proposer.features(out.hidden_states)  # a copy: [rows, T, F]
-        written, path, kept = decoder.accept(out.logits, tree)  # [rows, B]: the slots the block / path went to
-        proposer.accepted(tree, path, kept - 1)
-        proposer.extend_context(features, written, path)
-        flags.publish(decoder.finished)
+        return hidden
 
 
 class _DeferredFlags:
@@ -495,4 +439,4 @@ def wants_fixed_shape(generation_config, cache) -> bool:
     return generation_config.cache_implementation == "static" or isinstance(cache, StaticCache)
 
 
-__all__ = ["FixedShapeDecoder", "FixedShapeProposer", "fixed_shape_loop", "unsupported_reason", "wants_fixed_shape"]
+__all__ = ["FixedShapeDecoder", "RowDrafterCache", "unsupported_reason", "wants_fixed_shape"]

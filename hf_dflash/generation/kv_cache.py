@@ -15,6 +15,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 from transformers.utils import logging
 
+from .tree import takes_explicit_masks
+
 logger = logging.get_logger(__name__)
 
 
@@ -32,8 +34,7 @@ def holes_allowed(target, cache) -> bool:
     counts slots, so a hole would shorten it) through an explicit dense mask (eager, sdpa: a hole is a masked key
     like a padding one). Moving them to the left end instead copies every row that kept less, every layer, every
     step (docs/design.md)."""
-    implementation = target.config.get_text_config()._attn_implementation
-    return implementation in ("eager", "sdpa") and all(type(layer) is DynamicLayer for layer in cache.layers)
+    return takes_explicit_masks(target) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def gather_path(cache, path: torch.LongTensor, block_len: int) -> None:

@@ -2,9 +2,10 @@
 
 `generate()` lets transformers prepare everything a user configured (generation config, logits processors, stopping
 criteria, attention mask, max length) and hands the decoding loop to `dflash_decode` through `custom_generate`. The
-loop itself, `speculative_loop`, reads top to bottom: prefill, then propose / verify / commit until every row has
+loop itself, `speculative_loop`, reads top to bottom: prefill, then propose / verify / accept until every row has
 stopped. The drafter's side of it is a proposer (`hf_dflash.generation.proposer`), the target's a decoder
-(`hf_dflash.generation.decoder`); they meet only here.
+(`hf_dflash.generation.decoder`, or the fixed-shape path's `fixed_shape.FixedShapeDecoder`: the same interface);
+they meet only here. `DFlashCall` resolves one call's settings, chooses its path and builds its sides.
 """
 
 import copy
@@ -15,20 +16,14 @@ from transformers import GenerationMixin
 from transformers.generation import StoppingCriteriaList, StopStringCriteria
 from transformers.utils import logging
 
+from ..cpu_ops import packed_linears
 from ..devices import without_cudnn_attention
 from ..modeling import DFlashDraftModel
 from ..native import as_dflash_drafter, is_native_drafter
-from .auto_size import fixed_shape_auto
 from .decoder import Decoder, prompt_positions
-from .fixed_shape import (
-    FixedShapeDecoder,
-    FixedShapeProposer,
-    fixed_shape_loop,
-    unsupported_reason,
-    wants_fixed_shape,
-)
+from .fixed_shape import FixedShapeDecoder, RowDrafterCache, unsupported_reason, wants_fixed_shape
 from .kv_cache import warn_unused_cache
-from .proposer import DFlashProposer, check_compatible
+from .proposer import DFlashProposer, DynamicDrafterCache, draft_settings, with_auto
 
 logger = logging.get_logger(__name__)
 
@@ -106,7 +101,6 @@ def dflash_decode(
     assistant_confidence_threshold: float | None = None,
     draft_tree_size: int | str | None = None,
     streamer=None,
-    sides=None,
     **model_kwargs,
 ):
     """The decoding loop, called by `GenerationMixin.generate` as a `custom_generate` callable.
@@ -114,85 +108,97 @@ def dflash_decode(
     Each step: draft `block_size - 1` tokens in one drafter forward, verify them in one target forward, commit the
     longest prefix the target agrees with plus the target's own next token, checking every stopping criterion at
     every committed position. With `draft_tree_size`, a tree of drafts instead of a chain. `num_assistant_tokens`,
-    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`. `sides`: a function of the path the call
-    runs on ("general" or "fixed_shape") returning the callables that build its two sides instead of
-    `DFlashProposer` / `Decoder` (`FixedShapeProposer` / `FixedShapeDecoder`), taking their arguments; the oracle
-    benchmark (`hf_dflash.bench.oracle`) drafts through them. The loops themselves stay the same.
+    `assistant_confidence_threshold` and `draft_tree_size`: see `generate`.
     """
-    target = model
-    attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
-    if "inputs_embeds" in model_kwargs or input_ids.shape[1] == 0:
-        raise ValueError("DFlash generation needs input_ids (prompts given as inputs_embeds are not supported).")
-    batch = input_ids.shape[0]
-    prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    positions = prompt_positions(prompt_mask, model_kwargs.get("position_ids"))
-    _warn_ignored(generation_config)
-    # sampling: a chain's drafts are drawn at the target's temperature, and the target's rejection step reads their
-    # distribution
-    temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else None
-    settings = dict(num_assistant_tokens=num_assistant_tokens, draft_tree_size=draft_tree_size,
-                    assistant_confidence_threshold=assistant_confidence_threshold, temperature=temperature)
-    if wants_fixed_shape(generation_config, model_kwargs.get("cache")):
-        check_compatible(target, drafter)
-        settings["draft_tree_size"] = drafter.draft_tree_size if draft_tree_size is None else draft_tree_size
-        reason = unsupported_reason(target, drafter, generation_config, logits_processor, stopping_criteria, streamer,
-                                    settings["draft_tree_size"], assistant_confidence_threshold)
-        if reason is None:
-            proposer_class, decoder_class = sides("fixed_shape") if sides else (FixedShapeProposer, FixedShapeDecoder)
-            return _fixed_shape_decode(target, drafter, input_ids, prompt_mask, positions, logits_processor,
-                                       stopping_criteria, generation_config, settings, proposer_class, decoder_class)
-        logger.warning_once(f"cache_implementation='static': this call runs on the general loop, because of {reason}.")
-    else:
-        warn_unused_cache(model_kwargs.get("cache"))
-    # cuDNN attention builds a graph per new key length: a new one every step here (`without_cudnn_attention`)
-    with without_cudnn_attention(input_ids.device):
-        # built outside inference mode: their tensors stay ordinary ones (`sequences` is returned, the drafter's
-        # gathered head is cached across calls by version counters, which inference tensors lack)
-        proposer_class, decoder_class = sides("general") if sides else (DFlashProposer, Decoder)
-        proposer = proposer_class(target, drafter, batch_size=batch, **settings)
-        decoder = decoder_class(
-            target, generation_config, logits_processor, stopping_criteria, streamer, input_ids,
-            trees=bool(proposer.tree_size), costs=proposer.auto.costs if proposer.auto is not None else None,
-        )
-        # Inference mode rather than `generate`'s no_grad: less bookkeeping per operation (docs/design.md). What the
-        # loop makes in it stays inside; `result` returns ordinary tensors.
-        with torch.inference_mode():
-            speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask, positions)
-    return decoder.result()
+    call = DFlashCall(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                      model_kwargs, num_assistant_tokens=num_assistant_tokens, draft_tree_size=draft_tree_size,
+                      assistant_confidence_threshold=assistant_confidence_threshold)
+    return call.run()
 
 
-def _fixed_shape_decode(target, drafter, input_ids, prompt_mask, positions, logits_processor, stopping_criteria,
-                        generation_config, settings, proposer_class, decoder_class):
-    """`dflash_decode` on the fixed-shape path (`hf_dflash.generation.fixed_shape`); `settings` holds the call's
-    tree size."""
-    num_drafts = settings["num_assistant_tokens"]
-    block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, max(num_drafts, 0) + 1)
-    auto = None
-    if settings["draft_tree_size"] == "auto":  # the caches hold the widest tree it may choose
-        auto = fixed_shape_auto(target, len(input_ids), block_size)
-        settings = {**settings, "draft_tree_size": auto.max_nodes}
-    decoder = decoder_class(target, generation_config, logits_processor, stopping_criteria, input_ids, prompt_mask,
-                            positions, block_size, settings["draft_tree_size"])
-    proposer = proposer_class(target, drafter, decoder=decoder, auto=auto, **settings)
-    with without_cudnn_attention(input_ids.device), torch.inference_mode():  # the prefill's prompt length is new
-        fixed_shape_loop(proposer, decoder, input_ids)
-    return decoder.result()
+class DFlashCall:
+    """One `dflash_decode` call: its inputs checked, its drafting settings resolved (`proposer.draft_settings`), its
+    path chosen (the fixed-shape one for a static cache where it can serve the call, said once where it cannot), and
+    its two sides built. `run(proposer_class)` runs the loop with another proposer (a `DFlashProposer` subclass: the
+    oracle benchmark's, another way of drafting) on whichever path the call takes."""
+
+    def __init__(self, target, drafter, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                 model_kwargs: dict, **settings):
+        if "inputs_embeds" in model_kwargs or input_ids.shape[1] == 0:
+            raise ValueError("DFlash generation needs input_ids (prompts given as inputs_embeds are not supported).")
+        _warn_ignored(generation_config)
+        self.target, self.drafter, self.input_ids = target, drafter, input_ids
+        self.processors, self.criteria, self.config = logits_processor, stopping_criteria, generation_config
+        self.streamer = streamer
+        self.attention_mask = model_kwargs.get("attention_mask")  # None when generate found no padding
+        self.prompt_mask = torch.ones_like(input_ids, dtype=torch.bool) if self.attention_mask is None else \
+            self.attention_mask.bool()
+        self.positions = prompt_positions(self.prompt_mask, model_kwargs.get("position_ids"))
+        # sampling: a chain's drafts are drawn at the target's temperature, and the rejection step reads them
+        temperature = (generation_config.temperature or 1.0) if generation_config.do_sample else None
+        settings = draft_settings(target, drafter, temperature=temperature, **settings)
+        self.fixed_shape = False
+        if wants_fixed_shape(generation_config, model_kwargs.get("cache")):
+            reason = unsupported_reason(target, settings, generation_config, logits_processor, stopping_criteria,
+                                        streamer)
+            self.fixed_shape = reason is None
+            if reason is not None:
+                logger.warning_once(
+                    f"cache_implementation='static': this call runs on the general loop, because of {reason}."
+                )
+        else:
+            warn_unused_cache(model_kwargs.get("cache"))
+        self.settings = with_auto(settings, target, len(input_ids), self.fixed_shape)
+
+    def decoder(self, decoder_class=None):
+        """The call's target side: a `Decoder`, or on the fixed-shape path a `FixedShapeDecoder` (or `decoder_class`,
+        taking the same arguments)."""
+        if self.fixed_shape:
+            return (decoder_class or FixedShapeDecoder)(self.target, self.config, self.processors, self.criteria,
+                                                        self.input_ids, self.prompt_mask, self.positions, self.settings)
+        auto = self.settings.auto
+        return (decoder_class or Decoder)(
+            self.target, self.config, self.processors, self.criteria, self.streamer, self.input_ids,
+            self.attention_mask, self.positions, trees=bool(self.settings.tree_size),
+            costs=None if auto is None else auto.costs)
+
+    def proposer(self, decoder, proposer_class=DFlashProposer):
+        """The call's drafter side for `decoder`, its context kept as the path keeps it."""
+        if self.fixed_shape:
+            cache = RowDrafterCache(self.drafter, decoder)
+        else:
+            cache = DynamicDrafterCache(len(self.input_ids), self.drafter.device)
+        return proposer_class(self.target, self.drafter, self.settings, cache)
+
+    def run(self, proposer_class=DFlashProposer, decoder_class=None):
+        """Generate: returns what `generate` returns (`Decoder.result`)."""
+        # built outside inference mode: their tensors stay ordinary ones (`sequences` is returned; the drafter's
+        # gathered head is kept across calls by version counters, which inference tensors lack)
+        decoder = self.decoder(decoder_class)
+        proposer = self.proposer(decoder, proposer_class)
+        # cuDNN attention builds a graph per new key length: a new one every step on the general loop, and at the
+        # prefill on either (`without_cudnn_attention`). Inference mode rather than `generate`'s no_grad: less
+        # bookkeeping per operation (docs/design.md); what the loop makes in it stays inside.
+        with without_cudnn_attention(self.input_ids.device), packed_linears(self.drafter), torch.inference_mode():
+            speculative_loop(proposer, decoder, self.input_ids)
+        return decoder.result()
 
 
-def speculative_loop(proposer, decoder, input_ids, attention_mask, prompt_mask, positions) -> None:
-    """Prefill, then propose / verify / commit until every row has stopped; the tokens accumulate in `decoder`."""
+def speculative_loop(proposer, decoder, input_ids) -> None:
+    """Prefill, then propose / verify / accept until every row has stopped; the tokens accumulate in `decoder`."""
     # Prefill: the target reads the prompts and picks the first token; its features become the drafter's context.
-    out = decoder.prefill(input_ids, attention_mask, prompt_mask, positions)
-    proposer.extend_context(proposer.features(out.hidden_states), prompt_mask, positions)
+    out = decoder.prefill(input_ids)
+    proposer.extend_context(decoder.prompt_context(proposer.features(out.hidden_states)))
     _drop_finished(proposer, decoder)
 
-    while decoder.rows.numel():
-        tree = proposer.propose(decoder, min(proposer.block_size, decoder.room()))  # [rows, T]: newest + drafts
+    while not decoder.done():
+        tree = proposer.propose(decoder, decoder.room(proposer.block_size))  # [rows, T]: newest + drafts
         out = decoder.verify_forward(tree)
-        tokens, kept, scores, path = decoder.verify(out.logits, tree)  # kept: accepted drafts + the target's token
-        decoder.record(decoder.commit(tokens, kept, scores), tree)
+        # copied before the next compiled call: under CUDA graphs that call may reuse this output's memory
+        features = proposer.features(out.hidden_states)  # [rows, T, F]
+        context, path, kept = decoder.accept(out.logits, tree, features)  # kept: accepted drafts + the target's
         proposer.accepted(tree, path, kept - 1)
-        proposer.extend_context(*decoder.keep_path(proposer.features(out.hidden_states), path, kept))
+        proposer.extend_context(context)
         _drop_finished(proposer, decoder)
 
 

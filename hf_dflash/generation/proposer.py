@@ -1,17 +1,23 @@
 """The drafter side of the decoding loop: what the target verifies next.
 
-`DFlashProposer` keeps the drafter's KV cache of the target's features, runs one drafter forward over the newest
-token and `block_size - 1` mask tokens, and proposes a chain of argmax drafts or a best-first tree of candidates
+`DFlashProposer` runs one drafter forward over the newest token and `block_size - 1` mask tokens, conditioned on the
+target's features of what is committed, and proposes a chain of argmax drafts or a best-first tree of candidates
 (`hf_dflash.generation.tree`), each ranked under its parent by a DFlash2 drafter's candidate selector, or by the
 drafter's bigram prior (`hf_dflash.bigram`) when it carries one.
 
-The loop talks to a proposer through five methods, like transformers' candidate generators and vLLM's proposers:
-`propose(decoder, verify_len)` reads the committed tokens (never changing them) and returns a `DraftTree`;
-`features(hidden_states)` picks what it reads of a target forward, and `extend_context(...)` hands it those features
-of the newly committed tokens; `accepted(...)` says what the target accepted; `select_rows(live)` drops finished
-rows. `draft_chain` (greedy), `sample_chain` (drawn, under sampling) and `draft_candidates` are the building
-blocks another proposer (the oracle benchmark, `hf_dflash.bench.oracle`) reuses.
+The loop talks to a proposer through five methods, the same on both paths, like transformers' candidate generators
+and vLLM's proposers: `propose(decoder, verify_len)` reads the committed tokens (never changing them) and returns a
+`DraftTree`; `features(hidden_states)` picks what it reads of a target forward, and `extend_context(context)` hands it
+the decoder's `Context` of the newly verified tokens; `accepted(tree, path, num_accepted)` says what the target
+accepted; `select_rows(live)` drops finished rows. Where the drafter keeps that context is the one thing the paths do
+differently: a `DynamicDrafterCache` on the general loop, a `fixed_shape.RowDrafterCache` on the fixed-shape path,
+given to the proposer by the loop. So a subclass (the oracle benchmark's, another drafter family) serves both paths;
+`draft_chain` (greedy), `sample_chain` (drawn, under sampling), `draft_candidates` and `conditional_candidates` are the
+building blocks to override.
 """
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -21,9 +27,9 @@ from ..bigram import conditional_chain, conditional_probs, sample_conditional_ch
 from ..cpu_ops import pack_linears
 from ..modeling import DFlash2DraftModel, DFlashDraftModel
 from ..modeling.modeling_dflash import block_visibility, stored_weight
-from .auto_size import AutoTreeSize
+from .auto_size import AutoTreeSize, fixed_shape_auto
 from .forward_costs import LoopCosts, load_forward_costs
-from .tree import DraftTree, build_tree
+from .tree import DraftTree, build_tree, build_tree_on_device, takes_explicit_masks
 
 logger = logging.get_logger(__name__)
 
@@ -64,10 +70,10 @@ def check_compatible(target, drafter: DFlashDraftModel) -> None:
 
 
 def _tree_supported(target) -> bool:
-    """Whether the target can verify a tree: its attention must take an explicit 4-D mask (eager, sdpa)."""
-    implementation = target.config.get_text_config()._attn_implementation
-    if implementation in ("eager", "sdpa"):
+    """Whether the target can verify a tree (an explicit 4-D mask), said once where it cannot."""
+    if takes_explicit_masks(target):
         return True
+    implementation = target.config.get_text_config()._attn_implementation
     logger.warning_once(
         f"draft_tree_size needs eager or sdpa attention (an explicit tree mask); {implementation} attention gets "
         "a chain of drafts instead."
@@ -75,70 +81,94 @@ def _tree_supported(target) -> bool:
     return False
 
 
+class Context(NamedTuple):
+    """What the drafter reads next (a decoder's, for `DFlashProposer.extend_context`): the target's features
+    [rows, n, F] of the tokens just verified (a tree's accepted path, root first), which of them were kept [rows, n],
+    their positions [rows, n] and, on the fixed-shape path, the cache slots [rows, n] they went to."""
+
+    features: torch.Tensor
+    valid: torch.BoolTensor
+    positions: torch.LongTensor
+    slots: torch.LongTensor | None = None
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """A call's drafting settings, resolved once (`draft_settings`) for both sides of either path.
+
+    `block_size`: tokens a step verifies in a chain (the newest + drafts); `tree_size`: the nodes of a tree (0: a
+    chain; "auto" until `with_auto` sizes it); `threshold`: a step verifies no drafts when every row's first draft is
+    less likely (0: never); `temperature`: drafts are drawn at it (None: greedy); `auto`: the "auto" policy."""
+
+    block_size: int
+    tree_size: int | str
+    threshold: float
+    temperature: float | None
+    auto: AutoTreeSize | None = None
+
+
+def draft_settings(target, drafter: DFlashDraftModel, *, num_assistant_tokens: int | None = None,
+                   assistant_confidence_threshold: float | None = None, draft_tree_size: int | str | None = None,
+                   temperature: float | None = None) -> DraftSettings:
+    """The call's `DraftSettings` from `generate`'s (None: the drafter's defaults), each checked, with a `ValueError`
+    naming what is wrong. See `hf_dflash.generate`."""
+    check_compatible(target, drafter)
+    num_drafts = num_assistant_tokens
+    if num_drafts is not None and (not isinstance(num_drafts, int) or num_drafts < 0):
+        raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
+    # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
+    block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
+    tree_size = drafter.draft_tree_size if draft_tree_size is None else draft_tree_size
+    if tree_size != "auto" and (not isinstance(tree_size, int) or isinstance(tree_size, bool) or tree_size < 0):
+        raise ValueError(f"draft_tree_size={tree_size!r}: use a whole number of draft nodes >= 0, or 'auto'.")
+    # "auto" replaces the drafter's tuned default threshold; an explicit one still applies
+    default_threshold = 0.0 if tree_size == "auto" else drafter.assistant_confidence_threshold
+    threshold = default_threshold if assistant_confidence_threshold is None else assistant_confidence_threshold
+    if not 0 <= threshold <= 1:
+        raise ValueError(
+            f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip)."
+        )
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"temperature={temperature!r}: sampling needs a temperature > 0.")
+    if tree_size and not _tree_supported(target):
+        tree_size = 0
+    return DraftSettings(block_size, tree_size, threshold, temperature)
+
+
+def with_auto(settings: DraftSettings, target, batch_size: int, fixed_shape: bool) -> DraftSettings:
+    """`settings` with "auto" sized for its path: its policy (the general loop's costs per verified token, or the
+    fixed-shape path's menu of compiled widths) and, as `tree_size`, the widest tree it may choose."""
+    if settings.tree_size != "auto":
+        return settings
+    if fixed_shape:
+        auto = fixed_shape_auto(target, batch_size, settings.block_size)
+    else:
+        auto = AutoTreeSize(LoopCosts(load_forward_costs(target, batch_size=batch_size)),
+                            max_depth=settings.block_size - 1)
+    return replace(settings, tree_size=auto.max_nodes, auto=auto)
+
+
 class DFlashProposer:
-    """Drafts for one `dflash_decode` call. Rows follow the decoder's live rows (`select_rows`).
+    """Drafts for one `dflash_decode` call, on either path: `settings` (`DraftSettings`) say what, `cache` (a
+    `DynamicDrafterCache`, or the fixed-shape path's `RowDrafterCache`) keeps the drafter's context. Rows follow the
+    decoder's live rows (`select_rows`). Under sampling (`settings.temperature`), a chain's drafts are sampled from the
+    drafter's own distribution at the target's temperature (`sample_chain`), and the target's rejection step reads
+    that distribution."""
 
-    `num_assistant_tokens`: drafts per step (at most the drafter's block); `assistant_confidence_threshold`: a step
-    verifies no drafts when every row's first draft is less likely than this (default: the drafter's); and
-    `draft_tree_size`: nodes per tree (0: a chain; default: the drafter's; "auto": sized per step by `auto`, an
-    `AutoTreeSize` whose `LoopCosts` the decoder feeds with its timed verifications). See `hf_dflash.generate`.
-    `temperature`: the target samples at this temperature; a chain's drafts are then sampled from the drafter's own
-    distribution at it (`sample_chain`), and the target's rejection step reads that distribution. None: greedy."""
-
-    def __init__(
-        self, target, drafter: DFlashDraftModel, *, batch_size: int, num_assistant_tokens: int | None = None,
-        assistant_confidence_threshold: float | None = None, draft_tree_size: int | str | None = None,
-        temperature: float | None = None,
-    ):
-        check_compatible(target, drafter)
-        self.target, self.drafter = target, drafter
-        num_drafts = num_assistant_tokens
-        if num_drafts is not None and (not isinstance(num_drafts, int) or num_drafts < 0):
-            raise ValueError(f"num_assistant_tokens={num_drafts!r}: use a whole number of draft tokens >= 0.")
-        # tokens verified per step: the newest + the drafts; never more drafts than the drafter's block holds
-        self.block_size = drafter.block_size if num_drafts is None else min(drafter.block_size, num_drafts + 1)
-        draft_tree_size = drafter.draft_tree_size if draft_tree_size is None else draft_tree_size
-        if draft_tree_size != "auto" and (
-            not isinstance(draft_tree_size, int) or isinstance(draft_tree_size, bool) or draft_tree_size < 0
-        ):
-            raise ValueError(f"draft_tree_size={draft_tree_size!r}: use a whole number of draft nodes >= 0, or 'auto'.")
-        # "auto" replaces the drafter's tuned default threshold; an explicit one still applies
-        default_threshold = 0.0 if draft_tree_size == "auto" else drafter.assistant_confidence_threshold
-        threshold = default_threshold if assistant_confidence_threshold is None else assistant_confidence_threshold
-        if not 0 <= threshold <= 1:
-            raise ValueError(
-                f"assistant_confidence_threshold={threshold!r}: use a probability in [0, 1] (0: never skip)."
-            )
-        self.threshold = threshold
-        if temperature is not None and not temperature > 0:
-            raise ValueError(f"temperature={temperature!r}: sampling needs a temperature > 0.")
-        self.temperature = temperature
-
-        device = drafter.device
-        self.cache = DynamicCache()  # the drafter's: keys / values of the context, never of a block
-        self.cache_valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [rows, cached]
-        self.cache_pos = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [rows, cached]
-        self.context = None  # (features, valid, positions) of the tokens committed since the last draft
+    def __init__(self, target, drafter: DFlashDraftModel, settings: DraftSettings, cache):
+        self.target, self.drafter, self.cache = target, drafter, cache
+        self.block_size, self.tree_size = settings.block_size, settings.tree_size
+        self.threshold, self.temperature, self.auto = settings.threshold, settings.temperature, settings.auto
         self.head = target.get_output_embeddings()
         self.draft_head = drafter.draft_head(self.head)  # gathered once: the draft vocabulary's rows
-        if device.type == "cpu":
-            pack_linears(drafter)  # its bfloat16 linears multiply prepacked weights (`hf_dflash.cpu_ops`)
-            head = None if self.draft_head is None else self.draft_head[0]
-            if head is not None and head.weight.data_ptr() != stored_weight(self.head).data_ptr():
-                pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
         head = self.head if self.draft_head is None else self.draft_head[0]
+        if drafter.device.type == "cpu" and head.weight.data_ptr() != stored_weight(self.head).data_ptr():
+            pack_linears(head)  # the drafter's own copy (a packed twin of the target's head would double it)
         self.draft_vocab_size = head.weight.shape[0]
         self.prior = drafter.bigram_prior  # (keys, boosts, vocab size): buffers, on the drafter's device
         self.selector = isinstance(drafter, DFlash2DraftModel)  # drafts under their parent, as the prior does
-        self.auto = None
-        if draft_tree_size and not _tree_supported(target):
-            draft_tree_size = 0
-        if draft_tree_size == "auto":
-            costs = LoopCosts(load_forward_costs(target, batch_size=batch_size))
-            self.auto = AutoTreeSize(costs, max_depth=self.block_size - 1)
-            draft_tree_size = self.auto.max_nodes
-        self.tree_size = draft_tree_size
-        self.top_k = min(draft_tree_size, self.draft_vocab_size)  # candidates per position: no tree uses more
+        self.top_k = min(self.tree_size, self.draft_vocab_size)  # candidates per position: no tree uses more
+        self.live = None  # the rows that commit, when "auto" chose the step's tree (fixed shapes keep stopped rows)
 
     @property
     def conditional(self) -> bool:
@@ -149,21 +179,18 @@ class DFlashProposer:
     def features(self, hidden_states: tuple) -> torch.Tensor:
         """The drafter's context from a target forward's `hidden_states` (embeddings first): its target layers
         concatenated, [rows, length, len(target_layer_ids) * hidden], on the drafter's device (a target split over
-        devices gives each layer's output on that layer's device)."""
+        devices gives each layer's output on that layer's device). A new tensor, never a view of the forward's."""
         device = self.drafter.device
         return torch.cat([hidden_states[i + 1].to(device) for i in self.drafter.config.target_layer_ids], dim=-1)
 
-    def extend_context(self, features: torch.Tensor, valid: torch.BoolTensor, positions: torch.LongTensor) -> None:
-        """The target's features [rows, n, F] of the tokens committed since the last draft, which of them are real
-        [rows, n] and their positions [rows, n]: the next drafter forward reads them and caches their keys."""
-        self.context = (features, valid, positions)
+    def extend_context(self, context: Context) -> None:
+        """The target's features of the tokens verified since the last draft (`Context`): the next drafter forward
+        reads them and caches their keys."""
+        self.cache.extend(context)
 
     def select_rows(self, live: torch.LongTensor) -> None:
         """Keep the rows `live` (indices into the current rows)."""
-        self.cache.batch_select_indices(live.to(self.drafter.device))
-        live = live.to(self.cache_valid.device)
-        self.cache_valid, self.cache_pos = self.cache_valid[live], self.cache_pos[live]
-        self.context = tuple(t[live.to(t.device)] for t in self.context)
+        self.cache.select_rows(live)
 
     def propose(self, decoder, verify_len: int) -> DraftTree:
         """What to verify: each row's newest token, then drafts for the positions after it (a chain, or a tree), at
@@ -179,6 +206,7 @@ class DFlashProposer:
             drafts, confidence = self.draft_chain(decoder, verify_len)
         else:
             drafts, confidence, proposal = self.sample_chain(decoder, verify_len)
+            proposal = None if proposal is None else tuple(t.to(newest.device) for t in proposal)
         # All or nothing: cutting the block at a later unsure draft saves little, since verifying a few tokens costs
         # about as much as a block; a one-token step costs much less where a block is expensive.
         if self.threshold and bool((confidence < self.threshold).all()):
@@ -189,12 +217,12 @@ class DFlashProposer:
         """After a verification of `tree`: `path` [rows, L] its accepted slots (root first), `num_accepted` [rows]
         the drafts each row accepted. "auto" learns how far the drafter's scores come true."""
         if self.auto is not None and tree.scores is not None and tree.num_drafts:
-            self.auto.update(tree, path, num_accepted)
+            self.auto.update(tree, path, num_accepted, self.live)
 
     # --- building blocks -----------------------------------------------------------------------------------
     def propose_tree(self, decoder, verify_len: int) -> DraftTree | None:
         """A best-first tree of `tree_size` drafts at most, or None for a step without drafts (the threshold, or
-        "auto" finding that no tree pays)."""
+        "auto" finding that no tree pays; on the fixed-shape path a tree of none, a compiled width too)."""
         newest = decoder.newest_tokens()
         if self.conditional:  # probs [rows, D, k, k]: each parent's children
             ids, probs = self.conditional_candidates(decoder, verify_len, self.top_k)
@@ -202,11 +230,14 @@ class DFlashProposer:
             ids, probs = self.draft_candidates(decoder, verify_len, self.top_k)
         if self.threshold and bool((probs[:, 0, 0].reshape(len(ids), -1).amax(-1) < self.threshold).all()):
             return None
-        tree = build_tree(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
+        fixed_shapes = self.cache.fixed_shapes
+        build = build_tree_on_device if fixed_shapes else build_tree  # always `tree_size` nodes, no host read
+        tree = build(newest, ids.to(newest.device), probs.to(newest.device), self.tree_size)
         if self.auto is None:
             return tree
-        num_drafts = self.auto.choose(tree)
-        return tree.first(num_drafts) if num_drafts else None
+        self.live = ~decoder.finished[decoder.rows]
+        num_drafts = self.auto.choose(tree, self.live)  # the step's one host read on the fixed-shape path
+        return tree.first(num_drafts) if num_drafts or fixed_shapes else None
 
     def draft_chain(self, decoder, verify_len: int) -> tuple:
         """Drafts [rows, verify_len - 1] and, with a confidence threshold, the probability of each row's first draft
@@ -256,31 +287,64 @@ class DFlashProposer:
         hidden]. The drafter's cache keeps the new context, not the block."""
         drafter = self.drafter
         device = drafter.device
-        context, context_valid, context_pos = (t.to(device) for t in self.context)
-        newest = decoder.newest_tokens().to(device)
-        block_ids = torch.full((len(newest), verify_len), drafter.config.mask_token_id, dtype=torch.long, device=device)
-        block_ids[:, 0] = newest
+        block_ids = torch.full((len(decoder.rows), verify_len), drafter.config.mask_token_id, dtype=torch.long,
+                               device=device)
+        block_ids[:, 0] = decoder.newest_tokens().to(device)
+        noise = drafter.embed(self.target, block_ids).to(device)
+        return self.cache.forward(drafter, noise, decoder)[:, 1:]
+
+
+class DynamicDrafterCache:
+    """The general loop's drafter context: a `DynamicCache` of the target features' keys / values, grown by each
+    step's accepted tokens (never by a block), with which cached slots are real and their positions."""
+
+    fixed_shapes = False
+
+    def __init__(self, batch_size: int, device):
+        self.cache = DynamicCache()
+        self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [rows, cached]
+        self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # [rows, cached]
+        self.context = None  # the `Context` the next forward caches
+
+    def extend(self, context: Context) -> None:
+        self.context = context
+
+    def select_rows(self, live: torch.LongTensor) -> None:
+        self.cache.batch_select_indices(live.to(self.valid.device))
+        live = live.to(self.valid.device)
+        self.valid, self.positions = self.valid[live], self.positions[live]
+        self.context = Context(*(t[live.to(t.device)] for t in self.context[:3]))
+
+    def forward(self, drafter, noise_embeds: torch.Tensor, decoder) -> torch.Tensor:
+        """The drafter over the context and a block (`noise_embeds` [rows, V, hidden]) at the decoder's next
+        positions; returns the block's hidden states, caching the context's keys only."""
+        device = noise_embeds.device
+        features, valid, positions = (t.to(device) for t in self.context[:3])
+        verify_len = noise_embeds.shape[1]
         block_pos = decoder.next_pos.to(device)[:, None] + torch.arange(verify_len, device=device)
-        key_valid = torch.cat([self.cache_valid, context_valid, torch.ones_like(block_ids, dtype=torch.bool)], 1)
-        key_pos = torch.cat([self.cache_pos, context_pos, block_pos], dim=1)
+        key_valid = torch.cat([self.valid, valid, torch.ones_like(block_pos, dtype=torch.bool)], 1)
+        key_pos = torch.cat([self.positions, positions, block_pos], dim=1)
+        config = drafter.config
+        # no mask where every key is visible to every query (a host read: the fixed-shape path never asks)
+        unmasked = set(config.layer_types or ["full_attention"]) == {"full_attention"} and \
+            not config.layer_is_causal("full_attention") and bool(key_valid.all())
         hidden = drafter(
-            noise_embeds=drafter.embed(self.target, block_ids).to(device),
-            context_hidden_states=context,
-            position_ids=torch.cat([context_pos, block_pos], dim=1),
-            attention_mask=_drafter_masks(drafter.config, key_valid, key_pos, block_pos),
+            noise_embeds=noise_embeds,
+            context_hidden_states=features,
+            position_ids=torch.cat([positions, block_pos], dim=1),
+            attention_mask=None if unmasked else drafter_masks(config, key_valid, key_pos, block_pos),
             cache=self.cache,
         ).last_hidden_state
         self.cache.crop(-verify_len)  # keep the context, drop the block
-        self.cache_valid = torch.cat([self.cache_valid, context_valid], dim=1)
-        self.cache_pos = torch.cat([self.cache_pos, context_pos], dim=1)
-        return hidden[:, 1:]
+        self.valid = torch.cat([self.valid, valid], dim=1)
+        self.positions = torch.cat([self.positions, positions], dim=1)
+        return hidden
 
 
-def _drafter_masks(config, key_valid, key_pos, query_pos) -> dict | None:
-    """Per-layer-type 4-D masks `[rows, 1, V, keys]`, or None when every key is visible to every query."""
+def drafter_masks(config, key_valid, key_pos, query_pos) -> dict:
+    """The drafter's boolean masks per layer type [rows, 1, V, keys] for block queries at `query_pos` [rows, V] over
+    keys `key_valid` / `key_pos` [rows, keys]."""
     layer_types = set(config.layer_types or ["full_attention"])
-    if key_valid.all() and layer_types == {"full_attention"} and not config.layer_is_causal("full_attention"):
-        return None
     visible = key_valid[:, None, None, :].expand(-1, 1, query_pos.shape[1], -1)
     distance = query_pos[:, None, :, None] - key_pos[:, None, None, :]
     masks = {}

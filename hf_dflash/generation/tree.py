@@ -20,6 +20,17 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from ..cpu_ops import argmax
 
 
+def takes_explicit_masks(target) -> bool:
+    """Whether the target's attention reads an explicit 4-D mask (eager, sdpa): what a tree, holes left in the cache
+    and the fixed-shape path's masks need."""
+    return target.config.get_text_config()._attn_implementation in ("eager", "sdpa")
+
+
+def additive_mask(visible: torch.BoolTensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as the additive one attention takes: 0 where visible, the dtype's minimum elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, torch.finfo(dtype).min)
+
+
 @dataclass
 class DraftTree:
     """The tokens one target forward verifies. Per row, slot 0 is the root (the newest committed token, not yet in
@@ -198,8 +209,7 @@ def tree_attention_mask(tree: DraftTree, valid: torch.BoolTensor, cache, dtype: 
             seen_old = valid[:, None, slots - stored :] & (distance < window)
             seen_block = family & (tree.depths[:, :, None] - tree.depths[:, None, :] < window)
             visible = torch.cat([seen_old, seen_block], dim=-1)
-        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-        masks[kind] = mask.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
+        masks[kind] = additive_mask(visible, dtype)[:, None]
     return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
