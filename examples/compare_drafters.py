@@ -11,7 +11,6 @@ in command.txt; `python examples/results_md.py` renders it into docs/results.md.
 """
 
 import argparse
-import functools
 import json
 import sys
 
@@ -21,8 +20,8 @@ from transformers import AutoModel
 
 import hf_dflash  # noqa: F401  (registers the drafters with AutoModel)
 from hf_dflash.bench import load_prompt_set, machine_info
-from hf_dflash.generation import Decoder, DFlashProposer
-from hf_dflash.generation.loop import dflash_decode, original_generate
+from hf_dflash.generation import DFlashCall, DFlashProposer
+from hf_dflash.generation.loop import original_generate
 from hf_dflash.packaged import SMOLLM2_ID, load_target
 from hf_dflash.prompts import chat_inputs
 
@@ -58,9 +57,8 @@ def acceptance(target, drafter, prompts, tokenizer, mode: str, max_new_tokens: i
     kwargs, tree_size, proposer = MODES[mode]
     if kwargs["do_sample"]:
         kwargs = dict(kwargs, temperature=temperature, top_k=0, top_p=1.0)
-    decode = functools.partial(dflash_decode, drafter=drafter, draft_tree_size=tree_size,
-                               assistant_confidence_threshold=0.0,
-                               sides=lambda path: (PROPOSERS[proposer], Decoder))
+    decode = DFlashCall.custom_generate(drafter, PROPOSERS[proposer], draft_tree_size=tree_size,
+                                        assistant_confidence_threshold=0.0)
     committed = steps = 0
     torch.manual_seed(0)
     for prompt in prompts:

@@ -35,20 +35,16 @@ SHIPPED_DRAFTER = next(
 )
 
 
-def demo(args) -> int:
+def _demo_drafter(args, target, tokenizer):
+    """The demo's drafter (`--drafter`, else the shipped one beside SmolLM2, else an untrained one, said loudly), in
+    `--drafter-dtype`; prints what runs."""
     import torch
     from transformers import AutoModel
 
     import hf_dflash
 
-    from .bench.run import first_difference
-    from .bench.static import dflash_static_timer, plain_static_timer
     from .devices import resolve_dtype
-    from .prompts import chat_inputs
 
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, args.dtype)
-    exact = target.dtype in (torch.float32, torch.float64)
     drafter_dtype = resolve_dtype(args.drafter_dtype)
     if args.drafter:
         drafter, trained = AutoModel.from_pretrained(args.drafter, dtype=drafter_dtype), True
@@ -68,6 +64,20 @@ def demo(args) -> int:
         print("NOTE: this drafter is UNTRAINED (random weights): it shows the API and that the output is exactly the "
               "target's, but it accepts almost no drafts, so it is slower than plain generate. Train one with "
               "`hf-dflash train`.")
+    return drafter
+
+
+def demo(args) -> int:
+    import torch
+
+    from .bench.run import first_difference
+    from .bench.static import dflash_static_timer, plain_static_timer
+    from .prompts import chat_inputs
+
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(args.target, args.dtype)
+    exact = target.dtype in (torch.float32, torch.float64)
+    drafter = _demo_drafter(args, target, tokenizer)
     # Untimed warm-up of both paths: first calls allocate, and draft_tree_size="auto" measures the target's forward
     # costs once (a few seconds, then cached on disk).
     warm = chat_inputs(tokenizer, [{"role": "user", "content": "Hi"}])

@@ -304,13 +304,12 @@ def oracle_generate(target, drafter, oracle: OracleDrafts, inputs: dict, *, draf
     (`DFlashCall`; the fixed-shape path with `cache_implementation="static"`) run with the oracle's proposer, and
     the decoder of its path that times the ceiling."""
 
-    def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
-        call = DFlashCall(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, None,
-                          model_kwargs, draft_tree_size=draft_tree_size,
-                          assistant_confidence_threshold=assistant_confidence_threshold)
-        decoder = FixedShapeOracleDecoder if call.fixed_shape else OracleDecoder
-        return call.run(functools.partial(OracleProposer, oracle=oracle), functools.partial(decoder, oracle=oracle))
-
+    decode = DFlashCall.custom_generate(
+        drafter, functools.partial(OracleProposer, oracle=oracle),
+        {"general": functools.partial(OracleDecoder, oracle=oracle),
+         "fixed_shape": functools.partial(FixedShapeOracleDecoder, oracle=oracle)},
+        draft_tree_size=draft_tree_size, assistant_confidence_threshold=assistant_confidence_threshold,
+    )
     return original_generate(target, **inputs, custom_generate=decode, **kwargs)
 
 

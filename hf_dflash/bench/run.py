@@ -111,32 +111,19 @@ def benchmark(
     compile_config=None,
 ) -> dict:
     """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
-    size. Per prompt batch: new tokens, seconds, acceptance lengths per step and their histogram; per run: tau
-    (pooled tokens committed per target forward), tokens/s, speedup = plain seconds / DFlash seconds,
-    speedup_per_token = the ratio of their tokens/s. Baselines (batch 1, greedy) run in the same interleaved loop.
-    `warmup` prompt batches per run are generated untimed first. In greedy mode the DFlash output is compared with
-    plain generate token for token (`identical`). `assistant_confidence_threshold` goes to the DFlash calls (None:
-    the drafter's default).
+    size (docs/benchmark.md has what each field means). Per prompt batch: new tokens, seconds, acceptance lengths and
+    their histogram; per run: tau, tokens/s, speedup = plain seconds / DFlash seconds, and in greedy mode whether the
+    output is plain's token for token. Baselines (batch 1, greedy; "static": every batch size and mode) run in the
+    same interleaved loop; `warmup` prompt batches per run are generated untimed first, and a call of a new shape
+    once untimed where it compiles. Timed calls wait for the device before and after.
 
-    `prompt_sets` values: lists of chat `Prompt`s (encoded with `tokenizer`'s chat template) or of token id lists
-    (left-padded with the target's pad token; `tokenizer` may then be None). `draft_tree_sizes`: the
-    `draft_tree_size` of the DFlash calls, each reported as its own run (0: the chain, N: a tree of N drafts,
-    "auto"; default: the drafter's own); they are measured in turns, prompt batch by prompt batch, against one plain
-    `generate` call per batch, so a drift of the machine's speed reaches them all alike; baselines are measured
-    once, in the first one's runs.
-
-    `oracle=True` (greedy only): the DFlash calls draft the target's own greedy continuation after the real drafter
-    ran (`hf_dflash.bench.oracle`; precomputed from the plain call, recomputed from the committed text where a near-tie
-    left it; the oracle's own work untimed), and each run reports the loop's speedup, the ceiling from forwards timed
-    after each step on its own cache (B x t(1) / t(B) for a chain) and their ratio.
-
-    Plain `generate` at its best: the "static" baseline runs plain `generate` with a static cache of a bucketed length
-    (`kv_cache.cache_capacity`, the fixed-shape path's), compiled where transformers compiles it, at every batch size
-    and mode; each run then also reports DFlash's speedup over the faster of the two plain calls.
-    `cache_implementation="static"` runs the DFlash calls on the fixed-shape path (`hf_dflash.generation.fixed_shape`).
-    `compile_config`: the `CompileConfig` of both (None: transformers' default, which compiles on accelerators only;
-    `hf_dflash.compile_everywhere()` on any device). A call of a new shape (batch, cache length) runs once untimed
-    first, so that compiling stays out of the timing; timed calls wait for the device before and after."""
+    `prompt_sets` values: chat `Prompt`s (through `tokenizer`'s chat template) or token id lists (left-padded with the
+    target's pad token). `draft_tree_sizes`: one run each (0: the chain, N: a tree, "auto"; default: the drafter's),
+    measured in turns against one plain call per batch. `oracle=True` (greedy): the drafts are the target's own
+    continuation (`hf_dflash.bench.oracle`), and each run reports the loop against its ceiling. "static": plain
+    `generate` with a static cache as long as the fixed-shape path's, compiled with `compile_config` (None:
+    transformers' default; `hf_dflash.compile_everywhere()` on a CPU); `cache_implementation="static"` runs DFlash
+    on the fixed-shape path."""
     from tqdm.auto import tqdm
 
     block_sizes = list(block_sizes or [drafter.block_size])

@@ -170,6 +170,21 @@ class DFlashCall:
             cache = DynamicDrafterCache(len(self.input_ids), self.drafter.device)
         return proposer_class(self.target, self.drafter, self.settings, cache)
 
+    @classmethod
+    def custom_generate(cls, drafter, proposer_class=DFlashProposer, decoder_classes: dict | None = None,
+                        **settings):
+        """A `custom_generate` callable for `generate` that runs `proposer_class` (and, per path, `decoder_classes`
+        {"general": ..., "fixed_shape": ...}) through this loop; `settings`: `num_assistant_tokens`,
+        `assistant_confidence_threshold`, `draft_tree_size`."""
+
+        def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+            call = cls(model, drafter, input_ids, logits_processor, stopping_criteria, generation_config, None,
+                       model_kwargs, **settings)
+            decoder_class = (decoder_classes or {}).get("fixed_shape" if call.fixed_shape else "general")
+            return call.run(proposer_class, decoder_class)
+
+        return decode
+
     def run(self, proposer_class=DFlashProposer, decoder_class=None):
         """Generate: returns what `generate` returns (`Decoder.result`)."""
         # built outside inference mode: their tensors stay ordinary ones (`sequences` is returned; the drafter's

@@ -90,39 +90,14 @@ def prepare_data(
     done = _done_ids(output)
     store = capture = None
     if save_features is not None:
-        store = _open_store(target, save_features, target_layer_ids, num_draft_layers, target_topk)
-        store.drop_after(done)  # written to the store but not to the JSONL before a kill: made again below
-        missing = done - set(store.entries)
-        if missing:
-            raise StoreMismatch(
-                f"{output} holds {len(missing)} samples without features in {save_features} (e.g. "
-                f"{sorted(missing)[0]!r}): they were regenerated without --save-features. Use a new --output file, "
-                "or compute their features in training (--cache-features)."
-            )
+        store = _resumed_store(target, output, done, save_features, target_layer_ids, num_draft_layers, target_topk)
         capture = FeatureCapture(target, store.target_layer_ids, store.target_topk)
     template_kwargs = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
-    generation = {
-        "do_sample": do_sample,
-        "max_new_tokens": max_new_tokens,
-        **({"temperature": temperature, "top_p": top_p} if do_sample else {}),
-        "chat_template_kwargs": template_kwargs,
-        "target": getattr(target, "name_or_path", ""),
-    }
+    sampling = {"temperature": temperature, "top_p": top_p} if do_sample else {}
+    generation = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, **sampling,
+                  "chat_template_kwargs": template_kwargs, "target": getattr(target, "name_or_path", "")}
     stats = PrepareStats(output=str(output), generation=generation)
-    todo = []
-    for prompt in prompts:
-        if prompt.id in done:
-            stats.skipped_done += 1
-            continue
-        ids = tokenizer.apply_chat_template(
-            prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
-        )
-        if len(ids) <= max_prompt_tokens:
-            todo.append((prompt, list(ids)))
-    # Sort by prompt length inside windows of a few batches: less padding, order still roughly preserved.
-    window = batch_size * 8
-    todo = [x for i in range(0, len(todo), window) for x in sorted(todo[i : i + window], key=lambda x: len(x[1]))]
-
+    todo = _to_generate(prompts, done, tokenizer, template_kwargs, max_prompt_tokens, batch_size, stats)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = set(stop_ids(target, tokenizer))
     start = time.perf_counter()
@@ -133,7 +108,6 @@ def prepare_data(
             width = max(len(ids) for _, ids in batch)
             input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for _, ids in batch], device=target.device)
             mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch], device=target.device)
-            sampling = {"temperature": temperature, "top_p": top_p} if do_sample else {}
             out = target.generate(
                 input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=do_sample,
                 pad_token_id=pad_id, **sampling, **({} if capture is None else capture.generate_kwargs),
@@ -143,28 +117,66 @@ def prepare_data(
                 captured = capture.samples(width, [len(ids) for _, ids in batch], [len(r) for r in responses])
                 store.append([{"id": prompt.id, "input_ids": ids + response, **c}
                               for (prompt, ids), response, c in zip(batch, responses, captured)])
-            for (prompt, ids), response in zip(batch, responses):
-                if not response:
-                    stats.empty_responses += 1
-                record = {
-                    "id": prompt.id,
-                    "messages": prompt.messages
-                    + [{"role": "assistant", "content": tokenizer.decode(response, skip_special_tokens=True)}],
-                    "input_ids": ids + response,
-                    "loss_mask": [0] * len(ids) + [1] * len(response),
-                    "generation": generation,
-                }
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                stats.written += 1
-                stats.prompt_tokens += len(ids)
-                stats.response_tokens += len(response)
-            f.flush()
-            os.fsync(f.fileno())
+            _write_samples(f, batch, responses, tokenizer, generation, stats)
             stats.seconds = time.perf_counter() - start
             bar.update(len(batch))
             bar.set_postfix(tok_s=f"{stats.response_tokens / max(stats.seconds, 1e-9):.1f}")
     bar.close()
     return stats
+
+
+def _resumed_store(target, output: Path, done: set, save_features, target_layer_ids, num_draft_layers: int,
+                   target_topk: int):
+    """The feature store beside `output`, cut back to the samples the JSONL holds (`done`)."""
+    store = _open_store(target, save_features, target_layer_ids, num_draft_layers, target_topk)
+    store.drop_after(done)  # written to the store but not to the JSONL before a kill: made again
+    missing = done - set(store.entries)
+    if missing:
+        raise StoreMismatch(
+            f"{output} holds {len(missing)} samples without features in {save_features} (e.g. "
+            f"{sorted(missing)[0]!r}): they were regenerated without --save-features. Use a new --output file, "
+            "or compute their features in training (--cache-features)."
+        )
+    return store
+
+
+def _to_generate(prompts, done: set, tokenizer, template_kwargs: dict, max_prompt_tokens: int, batch_size: int,
+                 stats) -> list[tuple]:
+    """(prompt, its chat-templated ids) of the prompts not done yet and not too long, sorted by length inside windows
+    of a few batches: less padding, the order still roughly kept."""
+    todo = []
+    for prompt in prompts:
+        if prompt.id in done:
+            stats.skipped_done += 1
+            continue
+        ids = tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
+        )
+        if len(ids) <= max_prompt_tokens:
+            todo.append((prompt, list(ids)))
+    window = batch_size * 8
+    return [x for i in range(0, len(todo), window) for x in sorted(todo[i : i + window], key=lambda x: len(x[1]))]
+
+
+def _write_samples(f, batch: list, responses: list, tokenizer, generation: dict, stats) -> None:
+    """One JSONL line per sample of a batch, flushed to disk (a kill loses no written sample)."""
+    for (prompt, ids), response in zip(batch, responses):
+        if not response:
+            stats.empty_responses += 1
+        record = {
+            "id": prompt.id,
+            "messages": prompt.messages
+            + [{"role": "assistant", "content": tokenizer.decode(response, skip_special_tokens=True)}],
+            "input_ids": ids + response,
+            "loss_mask": [0] * len(ids) + [1] * len(response),
+            "generation": generation,
+        }
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        stats.written += 1
+        stats.prompt_tokens += len(ids)
+        stats.response_tokens += len(response)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 @torch.no_grad()
