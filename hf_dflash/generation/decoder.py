@@ -30,7 +30,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ..cpu_ops import argmax
 from ..sampling import exponential_race, rejection_sample
 from .forward_costs import now
-from .kv_cache import check_cache, gather_path, holes_allowed, keep_verified
+from .kv_cache import gather_path, holes_allowed, keep_verified
 from .proposer import Context
 from .tree import DraftTree, greedy_paths, mask_one_token, tree_attention_mask
 
@@ -145,7 +145,6 @@ class Decoder:
         """The target reads the prompts and commits its first token; returns its output (the prompts' features)."""
         positions = self.prompt_positions
         out = self.target_forward(input_ids, self.attention_mask, positions, logits_to_keep=1)
-        check_cache(self.cache)  # the layer types exist once the prefill filled the cache
         self.holes = holes_allowed(self.target, self.cache)
         tokens, kept, scores, _ = self.verify(out.logits[:, -1:], DraftTree.chain(input_ids[:, -1:]))  # no drafts
         self.commit(tokens, kept, scores)

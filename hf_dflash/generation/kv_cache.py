@@ -20,13 +20,20 @@ from .tree import takes_explicit_masks
 logger = logging.get_logger(__name__)
 
 
-def check_cache(cache) -> None:
-    for layer in cache.layers:
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-            raise ValueError(
-                f"The target's cache uses {type(layer).__name__} layers, which cannot drop rejected draft tokens. "
-                "DFlash needs a target with key/value attention caches (DynamicLayer / DynamicSlidingWindowLayer)."
-            )
+def check_cache(target) -> None:
+    """Raise a ValueError naming the target's model type where its cache has layers that cannot drop rejected draft
+    tokens: linear-attention and state-space layers (Qwen3.5 / 3.6, Qwen3-Next, Jamba, Falcon-H1, ...) keep a
+    recurrent state that would have to be rolled back to each row's accepted length, which hf-dflash does not do yet."""
+    cache = DynamicCache(config=target.config)  # its layers, as `generate` would make them, before any forward
+    kinds = sorted({type(layer).__name__ for layer in cache.layers} - {"DynamicLayer", "DynamicSlidingWindowLayer"})
+    if kinds:
+        model_type = target.config.get_text_config().model_type
+        raise ValueError(
+            f"DFlash cannot serve {model_type} targets yet: their cache has {', '.join(kinds)} layers (linear "
+            "attention or state-space layers), whose recurrent state would have to be rolled back to each row's "
+            "accepted drafts. Generate without assistant_model, or use a target whose layers are all attention "
+            "layers (Qwen3, Llama, Qwen2, Mistral, Gemma 3, ...)."
+        )
 
 
 def holes_allowed(target, cache) -> bool:

@@ -29,6 +29,7 @@ from ..modeling import DFlash2DraftModel, DFlashDraftModel
 from ..modeling.modeling_dflash import block_visibility, stored_weight
 from .auto_size import AutoTreeSize, fixed_shape_auto
 from .forward_costs import LoopCosts, load_forward_costs
+from .kv_cache import check_cache
 from .tree import DraftTree, build_tree, build_tree_on_device, takes_explicit_masks
 
 logger = logging.get_logger(__name__)
@@ -67,6 +68,7 @@ def check_compatible(target, drafter: DFlashDraftModel) -> None:
         )
     if target.get_output_embeddings() is None:
         raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head): DFlash drafts through it.")
+    check_cache(target)
 
 
 def _tree_supported(target) -> bool:
