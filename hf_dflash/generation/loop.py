@@ -148,7 +148,8 @@ class DFlashCall:
                 )
         else:
             warn_unused_cache(model_kwargs.get("cache"))
-        self.settings = with_auto(settings, target, len(input_ids), self.fixed_shape)
+        with without_cudnn_attention(input_ids.device):  # "auto" may time the target's forwards, as the loop runs
+            self.settings = with_auto(settings, target, len(input_ids), self.fixed_shape)
 
     def decoder(self, decoder_class=None):
         """The call's target side: a `Decoder`, or on the fixed-shape path a `FixedShapeDecoder` (or `decoder_class`,
