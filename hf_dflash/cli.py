@@ -193,6 +193,7 @@ def bigram_prior_cmd(args) -> int:
     from .bigram import count_bigram_prior
     from .hub import REMOTE_CODE
     from .modeling import DFlashDraftModel
+    from .modeling.modeling_dflash import EXTRAS_FILE
     from .training.data import load_samples
 
     drafter = DFlashDraftModel.from_pretrained(args.folder, dtype="auto")
@@ -205,7 +206,7 @@ def bigram_prior_cmd(args) -> int:
     # written beside, then moved in: an interrupted run leaves the folder's drafter whole
     with tempfile.TemporaryDirectory(dir=output) as tmp:
         drafter.save_pretrained(tmp)
-        for name in ("model.safetensors", "config.json", *REMOTE_CODE):  # not README.md: the card stays
+        for name in ("model.safetensors", EXTRAS_FILE, "config.json", *REMOTE_CODE):  # not README.md: the card stays
             if Path(tmp, name).exists():
                 Path(tmp, name).chmod(0o644)
                 Path(tmp, name).replace(output / name)

@@ -15,6 +15,7 @@ import weakref
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 from transformers.cache_utils import Cache
@@ -29,11 +30,17 @@ from transformers.models.qwen3.modeling_qwen3 import (
     eager_attention_forward,
     rotate_half,
 )
+from transformers.utils import cached_file
 
 try:
-    from .configuration_dflash import DFlashConfig
+    from .configuration_dflash import DFlashConfig, default_mask_token_id
 except ImportError:  # loaded as a single Hub file next to configuration_dflash.py
-    from configuration_dflash import DFlashConfig
+    from configuration_dflash import DFlashConfig, default_mask_token_id
+
+
+# hf-dflash's extension tensors, saved beside model.safetensors (which keeps the z-lab names only, as engines load it)
+EXTRAS_FILE = "hf_dflash_extras.safetensors"
+EXTRA_TENSORS = ("draft_vocab", "bigram_keys", "bigram_boosts")
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -126,6 +133,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     _no_split_modules = ["DFlashDecoderLayer"]
     _supports_flash_attn = False  # blocks see arbitrary key subsets: needs an explicit mask
     _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.", r"embed_tokens\.", r"lm_head\."]
+    # hf-dflash's extensions are saved apart (`EXTRAS_FILE`): engines refuse unknown tensors in model.safetensors
+    _keys_to_ignore_on_load_missing = [rf"^{name}$" for name in ("draft_vocab", "bigram_keys", "bigram_boosts")]
 
     decoder_layer_class = DFlashDecoderLayer  # DFlash2 swaps in its own
     card_writer = None  # f(folder): writes README.md after `save_pretrained`; the layer above sets it (hf_dflash.hub)
@@ -210,7 +219,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             eos_token_id=text.eos_token_id,
             pad_token_id=text.pad_token_id,
             block_size=block_size,
-            mask_token_id=_default_mask_token_id(target, tokenizer) if mask_token_id is None else mask_token_id,
+            mask_token_id=default_mask_token_id(target, tokenizer) if mask_token_id is None else mask_token_id,
             target_layer_ids=target_layer_ids,
             num_target_layers=layers,
             dflash_config={**({"target_model": target.name_or_path} if target.name_or_path else {}), **extras},
@@ -233,11 +242,29 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
             "AutoConfig": f"configuration_dflash.{type(self.config).__name__}",
             "AutoModel": f"{model_file}.{type(self).__name__}",
         }
-        super().save_pretrained(save_directory, *args, **kwargs)
+        state_dict = kwargs.pop("state_dict", None) or self.state_dict()
+        extras = {k: state_dict.pop(k).detach().contiguous().cpu() for k in EXTRA_TENSORS if k in state_dict}
+        super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+        (Path(save_directory) / EXTRAS_FILE).unlink(missing_ok=True)  # a folder saved over keeps no stale extension
+        if extras:
+            save_file(extras, str(Path(save_directory) / EXTRAS_FILE))
         for name in {"configuration_dflash.py", "modeling_dflash.py", f"{model_file}.py"}:
             shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
         if self.card_writer is not None and not (Path(save_directory) / "README.md").exists():
             self.card_writer(save_directory)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, then hf-dflash's extensions (draft vocabulary, bigram prior) from
+        `EXTRAS_FILE` where the folder has one (earlier folders hold them in model.safetensors, read above)."""
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        hub = {k: kwargs[k] for k in ("cache_dir", "token", "revision", "local_files_only", "subfolder") if k in kwargs}
+        path = cached_file(str(pretrained_model_name_or_path), EXTRAS_FILE, _raise_exceptions_for_missing_entries=False,
+                           **hub)
+        for name, tensor in (load_file(path) if path else {}).items():
+            current = getattr(model, name)  # shaped by the config (`draft_vocab_size`, `bigram_prior["entries"]`)
+            setattr(model, name, tensor.to(device=current.device, dtype=current.dtype))
+        return model
 
     def forward(
         self,
@@ -248,18 +275,12 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        r"""
-        Args:
-            noise_embeds (`[batch, block_len, hidden]`): target input embeddings of the block(s).
-            context_hidden_states (`[batch, context_len, len(target_layer_ids) * hidden]`): concatenated target
-                features of the context positions not yet in `cache`.
-            position_ids (`[batch, context_len + block_len]`): positions of the context, then of the block.
-            attention_mask: `None` (everything visible, sliding windows applied by position), a 2-D key mask
-                `[batch, past + context_len + block_len]` (1 = visible), a 4-D mask `[batch, 1, block_len, keys]`
-                (bool, True = visible), or a dict of such 4-D masks keyed by layer type.
-            cache: a transformers `Cache`; the context and block keys/values are appended to it. Callers crop the
-                block part afterwards.
-        """
+        """`noise_embeds` [batch, block_len, hidden]: the block's target input embeddings; `context_hidden_states`
+        [batch, context_len, len(target_layer_ids) * hidden]: the target features of the context not yet in `cache`;
+        `position_ids` [batch, context_len + block_len]; `attention_mask`: None (all visible, sliding windows by
+        position), a 2-D key mask [batch, past + context_len + block_len] (1 = visible), a boolean 4-D one [batch, 1,
+        block_len, keys], or a dict of those by layer type; `cache`: context and block keys / values are appended
+        (callers crop the block)."""
         if "past_key_values" in kwargs:  # older transformers spelling
             cache = kwargs.pop("past_key_values")
         dtype = self.fc.weight.dtype
@@ -430,32 +451,6 @@ def same_states(old: tuple, new: tuple) -> bool:
     """Whether two `(dtype, *tensor_states(...))` describe the same live tensors at the same known versions."""
     return old[0] == new[0] and all((a is None) == (b is None) and (a is None or (
         a[0]() is b[0]() and a[1] is not None and a[1] == b[1])) for a, b in zip(old[1:], new[1:]))
-
-
-def _default_mask_token_id(target: nn.Module, tokenizer) -> int:
-    """An embedding row the tokenizer never produces: a padded row past the tokenizer's vocabulary, else a known
-    mask / unused token, else the highest special token that the chat template does not use."""
-    if tokenizer is None:
-        raise ValueError(
-            "Cannot choose a mask token without the tokenizer: pass tokenizer=... so an unused embedding row can be "
-            "found, or mask_token_id=<an existing embedding row the tokenizer does not use>."
-        )
-    rows = target.get_input_embeddings().weight.shape[0]
-    if rows > len(tokenizer):
-        return len(tokenizer)  # the first padded row, as z-lab's Qwen3 drafters use
-    vocab = tokenizer.get_vocab()
-    for name in ("<|MASK|>", "<|mask|>", "<mask>", "<unused0>", "<|reserved_special_token_0|>"):
-        if name in vocab:
-            return vocab[name]
-    in_use = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
-    template = str(getattr(tokenizer, "chat_template", None) or "")
-    spare = [i for tok, i in tokenizer.get_added_vocab().items() if i not in in_use and tok not in template]
-    if spare:
-        return max(spare)
-    raise ValueError(
-        "Every embedding row is used by the tokenizer: pass mask_token_id=<a rarely used token id>, e.g. a special "
-        "token that never appears in your prompts or responses."
-    )
 
 
 def _block_mask(key_mask, position_ids, block_len, past_len, window, causal=False) -> torch.Tensor | None:

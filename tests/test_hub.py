@@ -155,3 +155,39 @@ def test_push_uploads_the_folder_and_dry_run_uploads_nothing(tmp_path, monkeypat
     assert "me/drafter" in (tmp_path / "README.md").read_text()
     with pytest.raises(FileNotFoundError, match="not a saved drafter"):
         push_drafter(tmp_path / "checkpoints", "me/drafter", dry_run=True)
+
+
+def test_model_safetensors_holds_the_zlab_tensors_only(tmp_path):
+    """vLLM's and SGLang's loaders refuse tensors they do not know: hf-dflash's extensions (the draft vocabulary and
+    the bigram prior) are saved in a file of their own and loaded back from it, and a folder saved before (its
+    extensions inside model.safetensors) still loads with them."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModel
+
+    from hf_dflash.modeling.modeling_dflash import EXTRA_TENSORS, EXTRAS_FILE
+
+    from test_bigram import with_prior
+
+    target = make_target()
+    drafter = with_prior(make_drafter(target), target.config.vocab_size)
+    drafter.set_draft_vocab(list(range(2, 70)))
+    drafter.save_pretrained(tmp_path / "new")
+    weights = load_file(tmp_path / "new" / "model.safetensors")
+    assert not set(weights) & set(EXTRA_TENSORS)
+    assert set(weights) == {n for n, _ in drafter.named_parameters()}  # the weights, by their z-lab names
+    assert set(load_file(tmp_path / "new" / EXTRAS_FILE)) == set(EXTRA_TENSORS)
+    # the earlier layout: everything in model.safetensors, no extensions file
+    (tmp_path / "old").mkdir()
+    for name in ("config.json", "configuration_dflash.py", "modeling_dflash.py"):
+        (tmp_path / "old" / name).write_bytes((tmp_path / "new" / name).read_bytes())
+    save_file({**weights, **load_file(tmp_path / "new" / EXTRAS_FILE)}, tmp_path / "old" / "model.safetensors",
+              metadata={"format": "pt"})
+    for folder in ("new", "old"):
+        loaded = AutoModel.from_pretrained(tmp_path / folder)
+        for name in EXTRA_TENSORS:
+            assert torch.equal(getattr(loaded, name), getattr(drafter, name)), (folder, name)
+    # saved again without extensions: no stale file left behind
+    drafter.set_draft_vocab(None)
+    drafter.set_bigram_prior(None, None)
+    drafter.save_pretrained(tmp_path / "new")
+    assert not (tmp_path / "new" / EXTRAS_FILE).exists()

@@ -11,6 +11,7 @@ from transformers import AutoModel
 
 import hf_dflash
 from hf_dflash.hub import REMOTE_CODE
+from hf_dflash.modeling.modeling_dflash import EXTRA_TENSORS, EXTRAS_FILE
 from hf_dflash.packaged import load_packaged
 
 from conftest import ForwardCounter
@@ -72,8 +73,11 @@ def test_shipped_drafter_is_hub_ready():
     for name in REMOTE_CODE:  # the Hub folder's remote code is a copy of modeling/: it must not go stale
         assert (SHIPPED / name).read_text() == (SHIPPED.parents[2] / "modeling" / name).read_text(), name
     with safe_open(str(SHIPPED / "model.safetensors"), "pt") as f:
-        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
-    assert dtypes == {"BF16", "I64"}  # bf16 weights and bigram boosts, plus the int64 draft vocabulary and pair keys
+        dtypes, names = {f.get_slice(k).get_dtype() for k in f.keys()}, set(f.keys())
+    assert dtypes == {"BF16"}  # its weights only, by the z-lab names engines load (vLLM refused the extensions)
+    assert not names & set(EXTRA_TENSORS) and (SHIPPED / EXTRAS_FILE).is_file()
+    drafter = AutoModel.from_pretrained(SHIPPED)
+    assert drafter.draft_vocab.numel() == 8192 and drafter.bigram_prior is not None  # from the extensions file
     config = json.loads((SHIPPED / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"]
     card = (SHIPPED / "README.md").read_text()

@@ -86,6 +86,9 @@ weights_from_git() {  # COMMIT DEST: a drafter folder's config.json and model.sa
             return 1
         fi
     done
+    # its extension tensors, in a file of their own since 2026-12-07 (before: inside model.safetensors)
+    from_git "$1" "examples/drafters/smollm2-135m-instruct-dflash/hf_dflash_extras.safetensors" \
+        "$2.part/hf_dflash_extras.safetensors" 2>/dev/null || true
     mv "$2.part" "$2"
 }
 ship_bf16() {  # SRC DEST: a trained drafter as it ships (bfloat16, draft trees sized per step: "auto") in DEST.part

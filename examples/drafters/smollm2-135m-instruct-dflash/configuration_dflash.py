@@ -157,4 +157,30 @@ class DFlash2Config(DFlashConfig):
         return output
 
 
-__all__ = ["DFlash2Config", "DFlashConfig", "default_target_layer_ids"]
+def default_mask_token_id(target, tokenizer) -> int:
+    """An embedding row the tokenizer never produces: a padded row past the tokenizer's vocabulary, else a known
+    mask / unused token, else the highest special token that the chat template does not use."""
+    if tokenizer is None:
+        raise ValueError(
+            "Cannot choose a mask token without the tokenizer: pass tokenizer=... so an unused embedding row can be "
+            "found, or mask_token_id=<an existing embedding row the tokenizer does not use>."
+        )
+    rows = target.get_input_embeddings().weight.shape[0]
+    if rows > len(tokenizer):
+        return len(tokenizer)  # the first padded row, as z-lab's Qwen3 drafters use
+    vocab = tokenizer.get_vocab()
+    for name in ("<|MASK|>", "<|mask|>", "<mask>", "<unused0>", "<|reserved_special_token_0|>"):
+        if name in vocab:
+            return vocab[name]
+    in_use = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    spare = [i for tok, i in tokenizer.get_added_vocab().items() if i not in in_use and tok not in template]
+    if spare:
+        return max(spare)
+    raise ValueError(
+        "Every embedding row is used by the tokenizer: pass mask_token_id=<a rarely used token id>, e.g. a special "
+        "token that never appears in your prompts or responses."
+    )
+
+
+__all__ = ["DFlash2Config", "DFlashConfig", "default_mask_token_id", "default_target_layer_ids"]
