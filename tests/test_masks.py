@@ -12,7 +12,7 @@ import torch
 
 from hf_dflash.generation import DFlashProposer
 
-from conftest import MASK, PAD, left_padded, make_drafter, make_target
+from conftest import ARCHITECTURES, MASK, PAD, left_padded, make_drafter, make_target
 
 _REAL_CHAIN, _REAL_CANDIDATES = DFlashProposer.draft_chain, DFlashProposer.draft_candidates
 NEW_TOKENS = 24
@@ -103,7 +103,7 @@ def test_batch_of_one_with_any_mask(case, path, plain_oracle):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
-@pytest.mark.parametrize("arch", ["qwen3", "mistral", "gemma3"])  # full attention; sliding windows shorter than it
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))  # full attention; sliding windows shorter than the output
 def test_batch_of_three_with_a_mask_per_row(arch, path, plain_oracle):
     target = make_target(arch)
     check(target, torch.tensor(BATCH[0]), torch.tensor(BATCH[1]), path, plain_oracle)
