@@ -23,13 +23,13 @@ it), in stages:
     python examples/fixed_shape_cuda.py --target Qwen3-8B/ --drafter Qwen3-8B-DFlash-b16/ --prompts prompts.jsonl \
         [--stage 1] [--num-prompts 8] [--max-new-tokens 512] [--dtype bfloat16] [--output-dir ...]
 
-Stage 1 (sized for under 5 minutes on an H100 with a warm inductor cache; not yet run on a GPU): batch 1, the chain
-on the compiled fixed-shape path against plain `generate` with a compiled static cache. `--stage 2` then adds a fixed tree (`--tree-size`) and "auto"
-at batch 1, and plain, the chain, the tree and "auto" at batch 8. Every call of a new shape runs once untimed first
-(it compiles); the timed calls are timed with CUDA events. Reported per run: decode tokens/s (new tokens after the
-first, over the call's time less its prefill's), acceptance length, host synchronisations per step, and against
-plain greedy: identical rows, and where bfloat16 parts at a near-tie the first differing position (float32: every
-row must be identical). Writes OUTPUT_DIR/real.json and prints a table.
+Stage 1 (sized for under 5 minutes on an H100 with a warm inductor cache; not yet run on a GPU): batch 1, the chain on
+the compiled fixed-shape path against plain `generate` with a compiled static cache. `--stage 2` then adds a fixed
+tree (`--tree-size`) and "auto" at batch 1, and plain, the chain, the tree and "auto" at batch 8. Every call of a new
+shape runs once untimed first (it compiles); the timed calls are timed with CUDA events. Reported per run: decode
+tokens/s (new tokens after the first, over the call's time less its prefill's), acceptance length, host
+synchronisations per step, and against plain greedy: identical rows, and where bfloat16 parts at a near-tie the first
+differing position (float32: every row must be identical). Writes OUTPUT_DIR/real.json and prints a table.
 
     python examples/fixed_shape_cuda.py --shape tiny --device cpu --dtype float32   # the same code path on a CPU
     # (tests/test_bench.py runs both modes so, with --backend eager: inductor takes minutes on a CPU)
