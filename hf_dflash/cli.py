@@ -15,6 +15,7 @@ import time
 import typing
 from pathlib import Path
 
+from .bench.random_models import RANDOM_SHAPES
 from .bigram import DEFAULTS as BIGRAM_DEFAULTS
 from .packaged import SMOLLM2_ID, load_target
 
@@ -446,11 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the loop's speedup against the ceiling B x t(1) / t(B), forwards timed after each step")
     p.add_argument("--random-target", metavar="CONFIG",
                    help="a random-weight target instead of --target and --sets: a config.json path or a named shape "
-                        "(qwen3-8b, smollm2-135m, tiny), with a matching random drafter and random prompts; "
+                        f"({', '.join(RANDOM_SHAPES)}), with a matching random drafter and random prompts; "
                         "meant for --oracle")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length of --random-target's prompts")
     p.add_argument("--draft-layers", type=int,
-                   help="layers of --random-target's drafter (default: the shape's, 5 for qwen3-8b, else 1)")
+                   help="layers of --random-target's drafter (default: the shape's: 5 for qwen3-8b, qwen3.5)")
     p.add_argument("--output-dir", default="bench_out")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     p.set_defaults(func=bench_cmd)

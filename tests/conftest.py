@@ -62,6 +62,38 @@ def make_target(arch: str = "qwen3", dtype=torch.float64, seed: int = 0, **overr
     return model_class(config).to(dtype).eval()
 
 
+# Hybrid targets (linear-attention or state-space layers beside attention): a layer pattern with both kinds in 4 layers,
+# and the small state sizes a 32-wide model needs. Float32 where an op has no float64 kernel (grouped MoE matmuls).
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)
+MOE = dict(moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16)
+HYBRIDS = {
+    "qwen3_5_text": (LINEAR, torch.float64),
+    "qwen3_5_moe_text": ({**LINEAR, **MOE}, torch.float32),
+    "qwen3_next": ({**LINEAR, **MOE}, torch.float32),
+    "falcon_h1": ({**MAMBA, "mamba_d_ssm": 64}, torch.float64),  # attention and Mamba side by side in each layer
+    "nemotron_h": (dict(layers_block_type=["linear_attention", "full_attention", "linear_attention", "mlp"],
+                        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=1), torch.float32),
+    "granitemoehybrid": (dict(layer_types=["linear_attention", "full_attention"] * 2, num_local_experts=2, **MAMBA),
+                         torch.float32),
+    "jamba": (dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, num_experts=2), torch.float32),
+    "bamba": (dict(attn_layer_indices=[1, 3], **MAMBA), torch.float32),
+    "zamba2": (dict(layers_block_type=["linear_attention", "hybrid"] * 2, hybrid_layer_ids=[1, 3], n_mamba_heads=4,
+                    mamba_headdim=16, mamba_d_state=16), torch.float32),
+    "lfm2": (dict(layer_types=["conv", "full_attention"] * 2), torch.float64),  # short convolutions, no recurrence
+}
+
+
+def make_hybrid(model_type: str = "qwen3_5_text", seed: int = 0, **overrides):
+    """A tiny random hybrid target of `model_type` (a key of `HYBRIDS`), in its `HYBRIDS` dtype."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra, dtype = HYBRIDS[model_type]
+    config = AutoConfig.for_model(model_type, **{**DIMS, **extra, **overrides})
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).to(dtype).eval()
+
+
 def make_drafter(target, block_size: int = 4, num_hidden_layers: int = 1, seed: int = 1, **kwargs):
     torch.manual_seed(seed)
     kwargs.setdefault("mask_token_id", MASK)

@@ -125,22 +125,3 @@ def test_default_mask_token_is_an_unused_padded_row():
     exact = make_target("qwen3")
     assert DFlashDraftModel.from_target(exact, tokenizer=tokenizer).config.mask_token_id == MASK
 
-
-@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_text", "falcon_h1", "jamba"])
-@pytest.mark.parametrize("cache_implementation", [None, "static"])
-def test_targets_with_linear_attention_or_state_space_layers(model_type, cache_implementation):
-    """Hybrid targets (Gated DeltaNet, Mamba layers beside attention) are refused before any forward, naming the
-    model type, on both paths: their recurrent state cannot be rolled back per row yet (it crashed deep inside)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(model_type)
-    for name, value in dict(vocab_size=MASK + 1, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=8).items():
-        if hasattr(config, name):
-            setattr(config, name, value)
-    torch.manual_seed(0)
-    hybrid = AutoModelForCausalLM.from_config(config).eval()
-    drafter = DFlashDraftModel.from_target(hybrid, 1, 4, mask_token_id=MASK)
-    with pytest.raises(ValueError, match=f"cannot serve {model_type} targets yet.*LinearAttention"):
-        generate(hybrid, drafter, left_padded(1)[0], cache_implementation=cache_implementation)

@@ -102,18 +102,18 @@ def exact_distribution(target, settings: dict, depth: int = NEW_TOKENS) -> dict[
     return dist
 
 
-def draw(target, drafter, settings: dict, seed: int = 0):
-    """SAMPLES continuations from one batched call: (Counter of generated tuples, acceptance_lengths)."""
+def draw(target, drafter, settings: dict, seed: int = 0, samples: int = SAMPLES):
+    """`samples` continuations from one batched call: (Counter of generated tuples, acceptance_lengths)."""
     torch.manual_seed(seed)
     out = target.generate(
-        PROMPT.expand(SAMPLES, -1),
+        PROMPT.expand(samples, -1),
         do_sample=True,
         max_new_tokens=NEW_TOKENS,
         assistant_model=drafter,
         return_dict_in_generate=True,
         **settings,
     )
-    assert out.sequences.shape == (SAMPLES, PROMPT.shape[1] + NEW_TOKENS)
+    assert out.sequences.shape == (samples, PROMPT.shape[1] + NEW_TOKENS)
     return Counter(map(tuple, out.sequences[:, PROMPT.shape[1] :].tolist())), out.acceptance_lengths
 
 
@@ -144,12 +144,13 @@ def sampling_target():
     return make_target("qwen3", vocab_size=VOCAB, initializer_range=0.3, seed=3, dtype=torch.float32)
 
 
-def assert_samples_the_target_distribution(target, drafter, setting: str = "top_k_top_p", **kwargs) -> None:
-    """A G-test of one batched DFlash draw (`generate` arguments `kwargs`) against the enumerated distribution, where
-    some drafts are accepted (for other drafter formats: DFlash2, transformers' own)."""
+def assert_samples_the_target_distribution(target, drafter, setting: str = "top_k_top_p", samples: int = SAMPLES,
+                                           **kwargs) -> None:
+    """A G-test of one batched DFlash draw of `samples` rows (`generate` arguments `kwargs`) against the enumerated
+    distribution, where some drafts are accepted (other drafter formats: DFlash2, transformers' own; hybrid targets)."""
     settings = SETTINGS[setting]
     dist = exact_distribution(target, settings)
-    counts, acceptance = draw(target, drafter, {**settings, **kwargs})
+    counts, acceptance = draw(target, drafter, {**settings, **kwargs}, samples=samples)
     assert set(counts) <= set(dist)
     g, threshold = g_test(counts, dist)
     assert g < threshold

@@ -11,14 +11,15 @@ from hf_dflash.training import FeatureStore, StoreMismatch, TrainingConfig, targ
 from hf_dflash.training.data import load_samples, prepare_data, store_features
 from hf_dflash.training.features import CachedFeatures, StoreFeatures
 
-from conftest import make_target, make_tokenizer
+from conftest import make_hybrid, make_target, make_tokenizer
 
 LAYERS = [0, 2]
 
 
-@pytest.fixture
-def setup(tmp_path):
-    target = make_target("qwen3", dtype=torch.float64)
+# a hybrid target too (Gated DeltaNet layers): regeneration, the store and training read only its forwards' outputs
+@pytest.fixture(params=["qwen3", "qwen3_5_text"])
+def setup(tmp_path, request):
+    target = make_target("qwen3", dtype=torch.float64) if request.param == "qwen3" else make_hybrid(request.param)
     tokenizer = make_tokenizer()
     tokenizer.chat_template = (
         "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<s>{% endif %}"
@@ -157,7 +158,7 @@ def test_store_that_does_not_fit_is_refused(setup, tmp_path):
 
 
 def test_training_from_the_store_never_runs_the_target_for_features(setup, tmp_path, monkeypatch):
-    target = make_target("qwen3", dtype=torch.float32)
+    target = setup[0].float()
     regenerate((target, *setup[1:]), tmp_path, max_new_tokens=12)
     common = dict(target="tiny", data=str(tmp_path / "data.jsonl"), block_size=4, mask_token_id=95, num_anchors=8,
                   batch_size=2, max_steps=3, logging_steps=1, save_steps=100, bf16=False, target_layer_ids=LAYERS)

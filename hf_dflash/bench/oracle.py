@@ -26,6 +26,7 @@ from ..generation.decoder import Decoder, as_plain_generate
 from ..generation.fixed_shape import FixedShapeDecoder
 from ..generation.forward_costs import now
 from ..generation.kv_cache import set_write_index
+from ..generation.linear_attention import record_block
 from ..generation.loop import DFlashCall, original_generate
 from ..generation.proposer import DFlashProposer
 from ..generation.tree import DraftTree, tree_attention_mask
@@ -242,6 +243,7 @@ class OracleDecoder(Decoder):
             else:
                 mask = self.verify_mask(chain)
             positions = self.next_pos[:, None] + torch.arange(k, device=self.next_pos.device)
+            record_block(self.cache, k)  # a hybrid target's states, recorded as the loop records them, so `crop` works
             with contextlib.nullcontext() if k > 1 else as_plain_generate():
                 began = now(self.target.device)
                 self.target_forward(chain.tokens, mask, positions)

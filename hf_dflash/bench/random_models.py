@@ -20,6 +20,19 @@ RANDOM_SHAPES = {
         num_key_value_heads=3, head_dim=64, vocab_size=49152, rope_theta=1e5, max_position_embeddings=8192,
         rms_norm_eps=1e-5, tie_word_embeddings=True, draft_layers=2,
     ),
+    # hybrid targets: 3 of every 4 layers Gated DeltaNet (`layer_types` defaults to that pattern)
+    "qwen3.5-0.8b": dict(
+        model_type="qwen3_5_text", hidden_size=1024, intermediate_size=3584, num_hidden_layers=24,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+        linear_key_head_dim=128, linear_value_head_dim=128, vocab_size=248320, tie_word_embeddings=True,
+        draft_layers=5,
+    ),
+    "qwen3.5-4b": dict(
+        model_type="qwen3_5_text", hidden_size=2560, intermediate_size=9216, num_hidden_layers=32,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_key_head_dim=128, linear_value_head_dim=128, vocab_size=248320, tie_word_embeddings=True,
+        draft_layers=5,
+    ),
     # for smoke tests: a few milliseconds per forward on a CPU
     "tiny": dict(
         model_type="qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
-from transformers.cache_utils import DynamicCache
 from transformers.generation import (
     EosTokenCriteria,
     EpsilonLogitsWarper,
@@ -31,6 +30,7 @@ from ..cpu_ops import argmax
 from ..sampling import exponential_race, rejection_sample
 from .forward_costs import now
 from .kv_cache import gather_path, holes_allowed, keep_verified
+from .linear_attention import keep_states, new_cache, record_block, select_rows
 from .proposer import Context
 from .tree import DraftTree, greedy_paths, mask_one_token, tree_attention_mask
 
@@ -117,8 +117,7 @@ class Decoder:
         self.eos_ids, self.stop_length = _simple_stops(stopping_criteria, device)
         if self.keep_scores or self.keep_logits:
             self.eos_ids = None  # scores are kept token by token
-        self.cache = DynamicCache(config=target.config)
-        self.cache.activate_past_recording()  # sliding-window layers must be able to roll back rejected slots
+        self.cache = new_cache(target)  # sliding-window and linear-attention layers record what a rollback needs
         self.holes = False  # rejected slots stay in the cache, masked (`holes_allowed`, once the prefill filled it)
         self.trees = trees
         self.mask_one_token = trees and mask_one_token(device)
@@ -145,6 +144,7 @@ class Decoder:
         """The target reads the prompts and commits its first token; returns its output (the prompts' features)."""
         positions = self.prompt_positions
         out = self.target_forward(input_ids, self.attention_mask, positions, logits_to_keep=1)
+        keep_states(self.cache, input_ids.shape[1])
         self.holes = holes_allowed(self.target, self.cache)
         tokens, kept, scores, _ = self.verify(out.logits[:, -1:], DraftTree.chain(input_ids[:, -1:]))  # no drafts
         self.commit(tokens, kept, scores)
@@ -182,6 +182,7 @@ class Decoder:
     def verify_forward(self, tree: DraftTree):
         """The target's forward over `tree` (a node at depth d at the next position + d), timed for "auto"."""
         positions = self.next_pos[:, None] + tree.depths
+        record_block(self.cache, tree.tokens.shape[1])
         if self.costs is None:
             return self.target_forward(tree.tokens, self.verify_mask(tree), positions)
         began = self.clock()
@@ -364,6 +365,8 @@ class Decoder:
         longest = int(kept.max())
         path = path[:, :longest]
         gather_path(self.cache, path, block_len)  # the path's slots to the front of the block, in path order
+        # linear-attention layers: each row's states after its path
+        keep_states(self.cache, block_len, kept, self.target.config.get_text_config().model_type)
         keep = torch.arange(block_len, device=kept.device) < kept[:, None]  # [rows, T]: verified slots to keep
         self.target_mask = keep_verified(self.cache, self.target_mask, keep, shift=not self.holes)
         positions = self.next_pos[:, None] + torch.arange(longest, device=kept.device)
@@ -403,7 +406,7 @@ class Decoder:
         if live.numel() == self.rows.numel():
             return None
         self.rows = self.rows[live]
-        self.cache.batch_select_indices(live)
+        select_rows(self.cache, live)
         self.target_mask, self.next_pos = self.target_mask[live], self.next_pos[live]
         return live
 

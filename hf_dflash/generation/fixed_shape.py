@@ -37,6 +37,7 @@ from ..sampling import rejection_sample
 from .compiling import compile_config_for, compiled_call, compiled_function
 from .decoder import POSITION_FREE_PROCESSORS, DFlashGenerateOutput, eos_token_ids, pad_token_id, pick
 from .kv_cache import cache_capacity, move_slots, row_cache, set_write_index, step_span
+from .linear_attention import is_hybrid
 from .proposer import Context, DraftSettings, drafter_masks
 from .tree import DraftTree, additive_mask, ancestors, takes_explicit_masks
 
@@ -47,6 +48,8 @@ def unsupported_reason(target, settings: DraftSettings, generation_config, logit
     """Why this call cannot run on the fixed-shape path, or None when it can."""
     if settings.threshold:
         return f"assistant_confidence_threshold={settings.threshold!r} (pass 0)"
+    if is_hybrid(target):
+        return f"a {target.config.get_text_config().model_type} target (linear-attention layers: general loop only)"
     if not takes_explicit_masks(target):
         implementation = target.config.get_text_config()._attn_implementation
         return f"{implementation} attention (eager or sdpa take the explicit masks it needs)"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers.cache_utils import DynamicCache
 
 from ..devices import cpu_description, execution_device, without_cudnn_attention
 from ..paths import cache_dir
+from .linear_attention import new_cache, record_block
 from .tree import DraftTree, mask_one_token, tree_attention_mask
 
 SIZES = (*range(1, 17), 32)
@@ -184,8 +184,7 @@ def time_forwards(
     vocab = target.config.get_text_config().vocab_size
     ids = torch.randint(vocab, (batch_size, context + max(sizes)), generator=generator).to(device)
     with without_cudnn_attention(device):  # as the loop runs (a graph per new key length otherwise)
-        cache = DynamicCache(config=target.config)
-        cache.activate_past_recording()  # sliding-window layers must be able to drop the timed tokens again
+        cache = new_cache(target)  # sliding-window and linear-attention layers must be able to drop the timed tokens
         target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
         valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
         inputs = {}
@@ -198,6 +197,7 @@ def time_forwards(
         runs = {k: [] for k in sizes}
         for _ in tqdm(range(repeats + 1), desc=progress, unit="round", disable=progress is None):
             for k in sizes:
+                record_block(cache, k)  # a hybrid target's verification records its states, as in the loop
                 began = now(device)
                 target(**inputs[k], cache=cache, use_cache=True, output_hidden_states=True)
                 runs[k].append(now(device) - began)

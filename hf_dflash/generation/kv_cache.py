@@ -4,7 +4,9 @@ Rows accept different numbers of drafts per step. When every layer is full atten
 (eager, sdpa), a row's rejected slots may stay in the cache as masked holes, like padding (`holes_allowed`);
 otherwise (a sliding window counts slots, so a hole would shorten it) they are moved to the row's left end, so the
 row stays left-padded (`keep_verified`). Either way any decoder-only model sees exactly the tokens it would see in
-plain `generate`. A verified tree's accepted path is first moved to the front of its block (`gather_path`).
+plain `generate`. A verified tree's accepted path is first moved to the front of its block (`gather_path`). A hybrid
+target's linear-attention layers hold states, not slots: `linear_attention.keep_states` rolls them back, and these
+functions act on the layers' keys and values alone.
 
 The fixed-shape path (`hf_dflash.generation.fixed_shape`) keeps preallocated caches instead (`row_cache`): each row
 writes at its own slots and a rejected slot is simply written over by the next step, so nothing is cropped, moved or
@@ -15,25 +17,10 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 from transformers.utils import logging
 
+from .linear_attention import attention_layers, attention_part, crop_attention
 from .tree import takes_explicit_masks
 
 logger = logging.get_logger(__name__)
-
-
-def check_cache(target) -> None:
-    """Raise a ValueError naming the target's model type where its cache has layers that cannot drop rejected draft
-    tokens: linear-attention and state-space layers (Qwen3.5 / 3.6, Qwen3-Next, Jamba, Falcon-H1, ...) keep a
-    recurrent state that would have to be rolled back to each row's accepted length, which hf-dflash does not do yet."""
-    cache = DynamicCache(config=target.config)  # its layers, as `generate` would make them, before any forward
-    kinds = sorted({type(layer).__name__ for layer in cache.layers} - {"DynamicLayer", "DynamicSlidingWindowLayer"})
-    if kinds:
-        model_type = target.config.get_text_config().model_type
-        raise ValueError(
-            f"DFlash cannot serve {model_type} targets yet: their cache has {', '.join(kinds)} layers (linear "
-            "attention or state-space layers), whose recurrent state would have to be rolled back to each row's "
-            "accepted drafts. Generate without assistant_model, or use a target whose layers are all attention "
-            "layers (Qwen3, Llama, Qwen2, Mistral, Gemma 3, ...)."
-        )
 
 
 def holes_allowed(target, cache) -> bool:
@@ -41,7 +28,8 @@ def holes_allowed(target, cache) -> bool:
     counts slots, so a hole would shorten it) through an explicit dense mask (eager, sdpa: a hole is a masked key
     like a padding one). Moving them to the left end instead copies every row that kept less, every layer, every
     step (docs/design.md)."""
-    return takes_explicit_masks(target) and all(type(layer) is DynamicLayer for layer in cache.layers)
+    return takes_explicit_masks(target) and all(attention_part(layer) is DynamicLayer
+                                                 for layer in attention_layers(cache))
 
 
 def gather_path(cache, path: torch.LongTensor, block_len: int) -> None:
@@ -51,7 +39,7 @@ def gather_path(cache, path: torch.LongTensor, block_len: int) -> None:
     rows, length = path.shape
     if torch.equal(path, torch.arange(length, device=path.device).expand(rows, -1)):
         return  # already in place (a chain, or a tree whose accepted path is its first slots)
-    for layer in cache.layers:
+    for layer in attention_layers(cache):
         start = layer.keys.shape[-2] - block_len
         index = (start + path.to(layer.keys.device))[:, None, :, None]
         for name in ("keys", "values"):
@@ -72,11 +60,11 @@ def keep_verified(cache, valid: torch.BoolTensor, keep: torch.BoolTensor, shift:
     longest = int(keep.sum(-1).max())
     kept = keep[:, :longest]
     if not shift or kept.all():
-        cache.crop(longest - verify_len)
+        crop_attention(cache, longest - verify_len)
         return torch.cat([valid, kept], dim=1)
     slots = torch.cat([valid, kept], dim=1)  # [rows, S + longest]
     shifts = [(i, r) for i, r in enumerate((longest - keep.sum(-1)).tolist()) if r]  # row i moves right by r
-    for layer in cache.layers:
+    for layer in attention_layers(cache):
         # A sliding layer stores only its window of the S old slots: shift inside what it stores. The `r` slots it
         # frees at the left are masked, and the window trim below removes them again.
         tail = layer.keys.shape[-2] - verify_len + longest

@@ -29,7 +29,7 @@ from ..modeling import DFlash2DraftModel, DFlashDraftModel
 from ..modeling.modeling_dflash import block_visibility, stored_weight
 from .auto_size import AutoTreeSize, fixed_shape_auto
 from .forward_costs import LoopCosts, load_forward_costs
-from .kv_cache import check_cache
+from .linear_attention import is_hybrid
 from .tree import DraftTree, build_tree, build_tree_on_device, takes_explicit_masks
 
 logger = logging.get_logger(__name__)
@@ -68,19 +68,17 @@ def check_compatible(target, drafter: DFlashDraftModel) -> None:
         )
     if target.get_output_embeddings() is None:
         raise ValueError(f"{type(target).__name__} has no output embeddings (lm_head): DFlash drafts through it.")
-    check_cache(target)
 
 
-def _tree_supported(target) -> bool:
-    """Whether the target can verify a tree (an explicit 4-D mask), said once where it cannot."""
-    if takes_explicit_masks(target):
-        return True
-    implementation = target.config.get_text_config()._attn_implementation
-    logger.warning_once(
-        f"draft_tree_size needs eager or sdpa attention (an explicit tree mask); {implementation} attention gets "
-        "a chain of drafts instead."
-    )
-    return False
+def _tree_unsupported(target) -> str | None:
+    """Why the target cannot verify a tree of drafts, or None where it can (an explicit 4-D mask, no recurrence)."""
+    if is_hybrid(target):
+        return (f"{target.config.get_text_config().model_type} targets verify chains of drafts, not trees: their "
+                "linear-attention (or state-space) layers read a block in order, not through a tree mask")
+    if not takes_explicit_masks(target):
+        implementation = target.config.get_text_config()._attn_implementation
+        return f"draft_tree_size needs eager or sdpa attention (an explicit tree mask), not {implementation}"
+    return None
 
 
 class Context(NamedTuple):
@@ -100,13 +98,15 @@ class DraftSettings:
 
     `block_size`: tokens a step verifies in a chain (the newest + drafts); `tree_size`: the nodes of a tree (0: a
     chain; "auto" until `with_auto` sizes it); `threshold`: a step verifies no drafts when every row's first draft is
-    less likely (0: never); `temperature`: drafts are drawn at it (None: greedy); `auto`: the "auto" policy."""
+    less likely (0: never); `temperature`: drafts are drawn at it (None: greedy); `auto`: the "auto" policy;
+    `chains_only`: the target cannot verify trees, so "auto" sizes chains (trees of one candidate per position)."""
 
     block_size: int
     tree_size: int | str
     threshold: float
     temperature: float | None
     auto: AutoTreeSize | None = None
+    chains_only: bool = False
 
 
 def draft_settings(target, drafter: DFlashDraftModel, *, num_assistant_tokens: int | None = None,
@@ -132,9 +132,12 @@ def draft_settings(target, drafter: DFlashDraftModel, *, num_assistant_tokens: i
         )
     if temperature is not None and not temperature > 0:
         raise ValueError(f"temperature={temperature!r}: sampling needs a temperature > 0.")
-    if tree_size and not _tree_supported(target):
+    chains_only = bool(tree_size) and _tree_unsupported(target) is not None
+    if chains_only and tree_size != "auto":  # "auto" sizes chains instead of trees: nothing to say
+        logger.warning_once(f"draft_tree_size={tree_size}: {_tree_unsupported(target)}. A chain of drafts is "
+                            "verified instead; draft_tree_size='auto' chooses each step's chain length.")
         tree_size = 0
-    return DraftSettings(block_size, tree_size, threshold, temperature)
+    return DraftSettings(block_size, tree_size, threshold, temperature, chains_only=chains_only)
 
 
 def with_auto(settings: DraftSettings, target, batch_size: int, fixed_shape: bool) -> DraftSettings:
@@ -169,7 +172,8 @@ class DFlashProposer:
         self.draft_vocab_size = head.weight.shape[0]
         self.prior = drafter.bigram_prior  # (keys, boosts, vocab size): buffers, on the drafter's device
         self.selector = isinstance(drafter, DFlash2DraftModel)  # drafts under their parent, as the prior does
-        self.top_k = min(self.tree_size, self.draft_vocab_size)  # candidates per position: no tree uses more
+        # candidates per position: no tree uses more
+        self.top_k = 1 if settings.chains_only else min(self.tree_size, self.draft_vocab_size)
         self.live = None  # the rows that commit, when "auto" chose the step's tree (fixed shapes keep stopped rows)
 
     @property

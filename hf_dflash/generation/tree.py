@@ -112,6 +112,7 @@ def build_tree(root: torch.LongTensor, ids: torch.LongTensor, probs: torch.Tenso
         parents=torch.cat([parent.new_full((rows, 1), -1), parent], dim=1),
         depths=torch.cat([position.new_zeros(rows, 1), position + 1], dim=1),
         scores=torch.tensor(scores, dtype=torch.float64, device=device).view(rows, size),
+        is_chain=k == 1,  # one candidate per position: each node the only child of the one before
     )
 
 

@@ -1,0 +1,119 @@
+"""Hybrid targets: linear-attention and state-space layers (Gated DeltaNet, Mamba, short convolutions) rolled back
+to each row's accepted drafts.
+
+Such a layer keeps no key per token, only a state: a convolution window of its last inputs and a recurrent state. A
+verification runs the target over a block, and each row must go on from the state after its own last accepted token,
+rows accepting different lengths. transformers' cache can record what that needs (`activate_past_recording`): the
+convolution inputs of the whole block, and with `recurrent_states_to_keep` = the block's length, the recurrent state
+after each of its tokens (the block's tokens run one by one after the chunked part; `record_block`). `keep_states`
+then gives each row its own: the window ending at its last kept token, the state after it. Its `crop` rolls every
+row back by one amount, so it serves a batch only where all rows keep alike.
+
+A recurrent layer reads a block in order: it cannot read a tree through an attention mask, so hybrid targets verify
+chains (`hf_dflash.generation.proposer.draft_settings`; docs/design.md, "Hybrid targets").
+"""
+
+import torch
+from torch.nn import functional as F
+from transformers.cache_utils import CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
+
+
+def linear_layers(cache) -> list:
+    """The cache's layers with linear-attention (or state-space) states, mixed layers included."""
+    return [layer for layer in cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+
+
+def is_hybrid(target) -> bool:
+    """Whether the target's cache, as `generate` would make it, has linear-attention or state-space layers."""
+    return bool(linear_layers(DynamicCache(config=target.config)))
+
+
+def new_cache(target) -> DynamicCache:
+    """The loop's dynamic target cache: sliding-window layers keep what a rollback needs (their `crop`), linear ones
+    record their states (`record_block` says how many per forward; none in a prefill)."""
+    cache = DynamicCache(config=target.config)
+    cache.activate_past_recording(recurrent_states_to_keep=0)
+    for layer in linear_layers(cache):
+        # one list per state: transformers' `dict.fromkeys(..., [])` shares one between a layer's states
+        layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
+    return cache
+
+
+def record_block(cache, length: int) -> None:
+    """The next forward reads `length` tokens: keep the recurrent state after each of them."""
+    for layer in linear_layers(cache):
+        layer.recurrent_states_to_keep = length
+
+
+def keep_states(cache, block_len: int, kept: torch.LongTensor | None = None, model_type: str = "these") -> None:
+    """After a forward over `block_len` new tokens (`record_block`): each row's linear-attention states as they were
+    after its first `kept` [rows] tokens of the block (None: all of them, as after a prefill), and the recordings
+    dropped. Every row's count of tokens goes back to the longest kept, as the attention layers' cache (`crop`).
+    `model_type` names the target in the error raised where its layers recorded too few states."""
+    for layer in linear_layers(cache):
+        rows = None
+        for i in range(layer.number_of_states):
+            if layer.is_conv_states_initialized[i]:
+                layer.conv_states[i] = _window(layer.conv_states[i], layer.conv_kernel_size[i], block_len, kept)
+            history = layer.recurrent_states_history[i]
+            if layer.is_recurrent_states_initialized[i] and kept is not None:
+                if len(history) < block_len:
+                    raise ValueError(
+                        f"DFlash cannot serve {model_type} targets: a {type(layer).__name__} recorded "
+                        f"{len(history)} recurrent states over a block of {block_len} tokens (its layers do not "
+                        "honour the cache's `recurrent_states_to_keep`), so rejected drafts cannot be rolled back. "
+                        "Generate without assistant_model."
+                    )
+                state = layer.recurrent_states[i]
+                rows = torch.arange(state.shape[0], device=state.device)
+                states = torch.stack(history[-block_len:] + [state])  # [block_len + 1, rows, ...]: after 0..block_len
+                state.copy_(states[kept.to(state.device), rows])
+            layer.recurrent_states_history[i] = []
+        if kept is not None:
+            layer.cumulative_length_linear.sub_(block_len - int(kept.max()))
+
+
+def _window(inputs: torch.Tensor, width: int, block_len: int, kept: torch.LongTensor | None) -> torch.Tensor:
+    """The convolution window [rows, channels, width] of each row: the `width` inputs up to its last kept token of
+    the block, from `inputs` [rows, channels, W] (the window before the block, then the block's `block_len` inputs);
+    zeros before the first input, as the layer pads a short prompt."""
+    if inputs.shape[-1] < width + block_len:
+        inputs = F.pad(inputs, (width + block_len - inputs.shape[-1], 0))
+    if kept is None:
+        return inputs[..., -width:]
+    ends = inputs.shape[-1] - block_len + kept.to(inputs.device)  # [rows]: one past each row's last kept input
+    index = ends[:, None] - width + torch.arange(width, device=inputs.device)  # [rows, width]
+    return inputs.gather(-1, index[:, None, :].expand(-1, inputs.shape[1], -1))
+
+
+def attention_part(layer):
+    """`layer`'s attention cache class (`DynamicLayer`, ...), whose methods act on its keys and values alone; None
+    for a layer with no attention part (a linear-attention one, or a `DummyLayer` of a layer with no cache)."""
+    if not isinstance(layer, LinearAttentionCacheLayerMixin):
+        return type(layer) if isinstance(layer, CacheLayerMixin) else None
+    return next((c for c in type(layer).__mro__ if issubclass(c, CacheLayerMixin)
+                 and not issubclass(c, LinearAttentionCacheLayerMixin) and c is not CacheLayerMixin), None)
+
+
+def attention_layers(cache) -> list:
+    """The layers with keys and values (mixed linear / attention layers included)."""
+    return [layer for layer in cache.layers if attention_part(layer) is not None]
+
+
+def crop_attention(cache, tokens_to_remove: int) -> None:
+    """`Cache.crop` of the attention layers' keys and values alone (the linear ones are `keep_states`'s)."""
+    for layer in attention_layers(cache):
+        attention_part(layer).crop(layer, tokens_to_remove)
+
+
+def select_rows(cache, rows: torch.LongTensor) -> None:
+    """`Cache.batch_select_indices` for every kind of layer: transformers' linear-attention layers have none."""
+    for layer in cache.layers:
+        part = attention_part(layer)
+        if part is not None:
+            part.batch_select_indices(layer, rows)
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for i in range(layer.number_of_states):
+                for states in (layer.conv_states, layer.recurrent_states):
+                    if states[i] is not None:
+                        states[i] = states[i][rows.to(states[i].device)]
