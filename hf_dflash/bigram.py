@@ -97,14 +97,24 @@ def conditional_probs(ids: torch.LongTensor, probs: torch.Tensor, prior: tuple) 
 def conditional_chain(ids: torch.LongTensor, probs: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
     """The chain under `conditional_probs`: at each position the best candidate under the draft before it. Returns
     drafts [rows, D] and the first draft's probability [rows]."""
-    rows, depth, k = ids.shape
+    walk, _ = conditional_walk(ids, probs)
+    return walk[..., 0], probs[:, 0, 0].amax(-1)
+
+
+def conditional_walk(ids: torch.LongTensor, probs: torch.Tensor) -> tuple[torch.LongTensor, torch.Tensor]:
+    """`conditional_chain`'s drafts as candidates of their own, one per position: ids [rows, D, 1] and each draft's
+    probability under the draft before it [rows, D, 1, 1] (`conditional_probs`' layout), so that a best-first tree
+    of them is that chain."""
+    rows, depth, _ = ids.shape
     arange = torch.arange(rows, device=ids.device)
     choice = torch.zeros(rows, dtype=torch.long, device=ids.device)  # position 0: every row is the drafter's own
-    drafts = []
+    drafts, chances = [], []
     for d in range(depth):
-        choice = probs[arange, d, choice].argmax(-1)
+        under_parent = probs[arange, d, choice]  # [rows, k]
+        choice = under_parent.argmax(-1)
         drafts.append(ids[arange, d, choice])
-    return torch.stack(drafts, dim=1), probs[:, 0, 0].amax(-1)
+        chances.append(under_parent[arange, choice])
+    return torch.stack(drafts, dim=1)[..., None], torch.stack(chances, dim=1)[..., None, None]
 
 
 def sample_conditional_chain(ids: torch.LongTensor, probs: torch.Tensor, temperature: float) -> tuple:

@@ -30,7 +30,7 @@ from ..cpu_ops import argmax
 from ..sampling import exponential_race, rejection_sample
 from .forward_costs import now
 from .kv_cache import gather_path, holes_allowed, keep_verified
-from .linear_attention import keep_states, new_cache, record_block, select_rows
+from .linear_attention import keep_states, linear_layers, new_cache, record_block, select_rows
 from .proposer import Context
 from .tree import DraftTree, greedy_paths, mask_one_token, tree_attention_mask
 
@@ -118,6 +118,7 @@ class Decoder:
         if self.keep_scores or self.keep_logits:
             self.eos_ids = None  # scores are kept token by token
         self.cache = new_cache(target)  # sliding-window and linear-attention layers record what a rollback needs
+        self.recurrent = bool(linear_layers(self.cache))  # a hybrid target: chains only
         self.holes = False  # rejected slots stay in the cache, masked (`holes_allowed`, once the prefill filled it)
         self.trees = trees
         self.mask_one_token = trees and mask_one_token(device)
@@ -182,6 +183,8 @@ class Decoder:
     def verify_forward(self, tree: DraftTree):
         """The target's forward over `tree` (a node at depth d at the next position + d), timed for "auto"."""
         positions = self.next_pos[:, None] + tree.depths
+        if self.recurrent and not tree.is_chain:  # the proposer drafts chains for them (`DraftSettings.chains_only`)
+            raise RuntimeError("A tree reached the verification of a target with linear-attention layers.")
         record_block(self.cache, tree.tokens.shape[1])
         if self.costs is None:
             return self.target_forward(tree.tokens, self.verify_mask(tree), positions)

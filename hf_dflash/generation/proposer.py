@@ -23,7 +23,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
-from ..bigram import conditional_chain, conditional_probs, sample_conditional_chain
+from ..bigram import conditional_chain, conditional_probs, conditional_walk, sample_conditional_chain
 from ..cpu_ops import pack_linears
 from ..modeling import DFlash2DraftModel, DFlashDraftModel
 from ..modeling.modeling_dflash import block_visibility, stored_weight
@@ -172,8 +172,9 @@ class DFlashProposer:
         self.draft_vocab_size = head.weight.shape[0]
         self.prior = drafter.bigram_prior  # (keys, boosts, vocab size): buffers, on the drafter's device
         self.selector = isinstance(drafter, DFlash2DraftModel)  # drafts under their parent, as the prior does
-        # candidates per position: no tree uses more
-        self.top_k = 1 if settings.chains_only else min(self.tree_size, self.draft_vocab_size)
+        # candidates per position: no tree uses more; one keeps a tree a chain
+        self.chains_only = settings.chains_only
+        self.top_k = 1 if self.chains_only else min(self.tree_size, self.draft_vocab_size)
         self.live = None  # the rows that commit, when "auto" chose the step's tree (fixed shapes keep stopped rows)
 
     @property
@@ -231,7 +232,10 @@ class DFlashProposer:
         "auto" finding that no tree pays; on the fixed-shape path a tree of none, a compiled width too)."""
         newest = decoder.newest_tokens()
         if self.conditional:  # probs [rows, D, k, k]: each parent's children
-            ids, probs = self.conditional_candidates(decoder, verify_len, self.top_k)
+            ids, probs = self.conditional_candidates(decoder, verify_len,
+                                                     PRIOR_CANDIDATES if self.chains_only else self.top_k)
+            if self.chains_only:  # the chain `draft_chain` drafts, as one candidate per position
+                ids, probs = conditional_walk(ids, probs)
         else:
             ids, probs = self.draft_candidates(decoder, verify_len, self.top_k)
         if self.threshold and bool((probs[:, 0, 0].reshape(len(ids), -1).amax(-1) < self.threshold).all()):
