@@ -83,6 +83,13 @@ EXPERIMENTS = [
 ]
 
 
+def _other_target(results: dict) -> str | None:
+    """The target a snapshot measured where it is not the shipped drafter's (a random-weight shape): snapshots of
+    another target are a group of their own, beside the shipped drafter's."""
+    target = results.get("target") or ""
+    return None if target in ("", "HuggingFaceTB/SmolLM2-135M-Instruct") else target
+
+
 def load_snapshots() -> list[dict]:
     snapshots = []
     for path in sorted(SNAPSHOTS.glob("*/bench_results.json")):
@@ -93,7 +100,7 @@ def load_snapshots() -> list[dict]:
             "folder": path.parent,
             "results": results,
             "kind": (machine.get("cuda") or machine.get("cpu") or machine["processor"], machine["cpu_count"],
-                     results["settings"]["target_dtype"].removeprefix("torch.")),
+                     results["settings"]["target_dtype"].removeprefix("torch."), _other_target(results)),
             "date": machine["date"][:10],
             "command": command.read_text(encoding="utf-8").strip() if command.is_file() else None,
         })
@@ -191,9 +198,9 @@ def render(snapshots: list[dict], comparisons: list[dict]) -> str:
     kinds: dict[tuple, list[dict]] = {}
     for snapshot in snapshots:
         kinds.setdefault(snapshot["kind"], []).append(snapshot)
-    for (device, cores, dtype), group in kinds.items():
+    for (device, cores, dtype, target), group in kinds.items():
         newest = max(s["date"] for s in group)
-        lines += [f"## {device}, {cores} CPU cores, {dtype}: {newest}", ""]
+        lines += [f"## {device}, {cores} CPU cores, {dtype}{f', target {target}' if target else ''}: {newest}", ""]
         older = [s for s in group if s["date"] != newest]
         if older:
             lines += ["Earlier snapshots on this machine kind in this dtype: "

@@ -22,10 +22,10 @@ from transformers import initialization as init
 
 try:
     from .configuration_dflash import DFlash2Config
-    from .modeling_dflash import DFlashDecoderLayer, DFlashDraftModel
+    from .modeling_dflash import DFlashDecoderLayer, DFlashDraftModel, _rows_through
 except ImportError:  # loaded as Hub files
     from configuration_dflash import DFlash2Config
-    from modeling_dflash import DFlashDecoderLayer, DFlashDraftModel
+    from modeling_dflash import DFlashDecoderLayer, DFlashDraftModel, _rows_through
 
 
 class GroupedDynamicCausalConv(nn.Module):
@@ -137,7 +137,8 @@ class DFlash2DraftModel(DFlashDraftModel):
         else:
             linear, token_ids = head
             weight = linear.weight
-            logits = self._scale_logits(linear(hidden_states.to(device=weight.device, dtype=weight.dtype)))
+            hidden_states = hidden_states.to(device=weight.device, dtype=weight.dtype)
+            logits = self._scale_logits(_rows_through(linear, hidden_states))
         k = min(self.candidate_selector.top_k, logits.shape[-1])
         logits, ids = logits.topk(k, dim=-1)  # [rows, D, K]
         ids = ids if token_ids is None else token_ids[ids]

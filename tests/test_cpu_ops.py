@@ -136,3 +136,36 @@ def test_generate_leaves_a_shared_output_head_unpacked():
     target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, assistant_model=drafter)
     assert type(target.get_output_embeddings()) is nn.Linear and drafter._draft_head_cache is None
     assert type(drafter.draft_head(target.get_output_embeddings())[0]) is nn.Linear  # no packed twin of a shared head
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_draft_logits_multiply_the_head_as_one_matrix_of_rows(kind):
+    """The drafter's positions reach an unpacked head as a 2-D matrix: a 3-D input to a linear without bias took a
+    batched matmul that copied the whole weight each call (seconds a step at Qwen3.5's 248k-token vocabulary, bfloat16,
+    inside the loop). Same logits either way."""
+    from test_dflash2 import make_dflash2
+
+    target = make_target("qwen3", dtype=torch.bfloat16)
+    drafter = make_dflash2(target) if kind == "dflash2" else make_drafter(target, block_size=4).to(torch.bfloat16)
+    head = target.get_output_embeddings()
+    shapes = []
+    handle = head.register_forward_pre_hook(lambda module, args: shapes.append(args[0].dim()))
+    hidden = torch.randn(3, 3, target.config.hidden_size, dtype=torch.bfloat16)  # 3 draft positions (block 4)
+    with torch.inference_mode():
+        own = drafter.draft_head(head)
+        if kind == "dflash2":
+            drafter.candidates(hidden, head, torch.zeros(3, dtype=torch.long))
+        else:
+            ids = drafter.draft_tokens(hidden, head)
+            assert torch.equal(ids, F.linear(hidden, head.weight).max(-1).indices)
+    handle.remove()
+    assert shapes == [2]
+    calls = []
+    handle = own[0].register_forward_pre_hook(lambda module, args: calls.append(args[0].dim()))
+    with torch.inference_mode():
+        if kind == "dflash2":
+            drafter.candidates(hidden, head, torch.zeros(3, dtype=torch.long), own)
+        else:
+            drafter.draft_tokens(hidden, head, own)
+    handle.remove()
+    assert calls == [2]

@@ -80,8 +80,9 @@ def test_qwen3_5_as_its_checkpoints_load_it(oracle):
     text-only prompts run through it."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    text = dict(vocab_size=MASK + 1, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=None, bos_token_id=1)
+    text = dict(HYBRIDS["qwen3_5_text"][0], vocab_size=MASK + 1, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0,
+                eos_token_id=None, bos_token_id=1)
     vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
     config = AutoConfig.for_model("qwen3_5", text_config=text, vision_config=vision, image_token_id=MASK - 1,
                                   video_token_id=MASK - 2)
@@ -175,6 +176,7 @@ def test_the_fixed_shape_path_hands_hybrid_targets_to_the_general_loop(oracle):
 SAMPLES = 6000
 
 
+@pytest.mark.slow
 def test_sampling_draws_the_target_distribution(greedy_oracle):
     """6000 rows in one call, rows accepting different lengths every step, against the enumerated distribution."""
     target = make_hybrid("qwen3_5_text", vocab_size=8, initializer_range=0.3, seed=3).float()
@@ -184,7 +186,8 @@ def test_sampling_draws_the_target_distribution(greedy_oracle):
 
 
 def test_generate_features_on_a_hybrid_target(oracle):
-    """Stop strings, a streamer, scores and logits, and num_return_sequences, as plain `generate` gives them."""
+    """Stop strings, a streamer, scores and logits, rows finishing at different steps and num_return_sequences, as
+    plain `generate` gives them."""
     target = make_hybrid("qwen3_next")
     drafter = make_drafter(target, block_size=4)
     tokenizer = make_tokenizer()
@@ -207,6 +210,10 @@ def test_generate_features_on_a_hybrid_target(oracle):
     stopped = dict(do_sample=False, max_new_tokens=16, stop_strings=[stop], tokenizer=tokenizer)
     assert torch.equal(target.generate(ids[:1], assistant_model=drafter, **stopped),
                        target.generate(ids[:1], **stopped))
+    # rows stopping at different steps (an EOS in one row's continuation) leave the batch: the others' states follow
+    eos = int(plain.sequences[1, ids.shape[1] + 6])
+    stopping = dict(attention_mask=mask, do_sample=False, max_new_tokens=16, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(target.generate(ids, assistant_model=drafter, **stopping), target.generate(ids, **stopping))
     # num_return_sequences samples; top_k=1 makes each copy its prompt's greedy continuation, rows kept in order
     repeated = dict(attention_mask=mask, do_sample=True, top_k=1, max_new_tokens=12, num_return_sequences=2)
     assert torch.equal(target.generate(ids, assistant_model=drafter, **repeated),

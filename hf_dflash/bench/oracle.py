@@ -244,7 +244,10 @@ class OracleDecoder(Decoder):
                 mask = self.verify_mask(chain)
             positions = self.next_pos[:, None] + torch.arange(k, device=self.next_pos.device)
             record_block(self.cache, k)  # a hybrid target's states, recorded as the loop records them, so `crop` works
-            with contextlib.nullcontext() if k > 1 else as_plain_generate():
+            # t(1) under no_grad, as plain decodes; a hybrid target's states, made in the loop's inference mode,
+            # can only be updated inside it
+            plain = k == 1 and not self.recurrent
+            with as_plain_generate() if plain else contextlib.nullcontext():
                 began = now(self.target.device)
                 self.target_forward(chain.tokens, mask, positions)
                 seconds = now(self.target.device) - began

@@ -6,8 +6,8 @@ verification runs the target over a block, and each row must go on from the stat
 rows accepting different lengths. transformers' cache can record what that needs (`activate_past_recording`): the
 convolution inputs of the whole block, and with `recurrent_states_to_keep` = the block's length, the recurrent state
 after each of its tokens (the block's tokens run one by one after the chunked part; `record_block`). `keep_states`
-then gives each row its own: the window ending at its last kept token, the state after it. Its `crop` rolls every
-row back by one amount, so it serves a batch only where all rows keep alike.
+then gives each row its own: the window ending at its last kept token, the state after it. transformers' own `crop`
+rolls every row back by one amount, so it serves a batch only where all rows keep alike.
 
 A recurrent layer reads a block in order: it cannot read a tree through an attention mask, so hybrid targets verify
 chains (`hf_dflash.generation.proposer.draft_settings`; docs/design.md, "Hybrid targets").
@@ -50,8 +50,8 @@ def keep_states(cache, block_len: int, kept: torch.LongTensor | None = None, mod
     after its first `kept` [rows] tokens of the block (None: all of them, as after a prefill), and the recordings
     dropped. Every row's count of tokens goes back to the longest kept, as the attention layers' cache (`crop`).
     `model_type` names the target in the error raised where its layers recorded too few states."""
+    counts = None if kept is None else kept.tolist()  # the loop has read them already: no new sync
     for layer in linear_layers(cache):
-        rows = None
         for i in range(layer.number_of_states):
             if layer.is_conv_states_initialized[i]:
                 layer.conv_states[i] = _window(layer.conv_states[i], layer.conv_kernel_size[i], block_len, kept)
@@ -64,13 +64,23 @@ def keep_states(cache, block_len: int, kept: torch.LongTensor | None = None, mod
                         "honour the cache's `recurrent_states_to_keep`), so rejected drafts cannot be rolled back. "
                         "Generate without assistant_model."
                     )
-                state = layer.recurrent_states[i]
-                rows = torch.arange(state.shape[0], device=state.device)
-                states = torch.stack(history[-block_len:] + [state])  # [block_len + 1, rows, ...]: after 0..block_len
-                state.copy_(states[kept.to(state.device), rows])
+                _keep_recurrent(layer.recurrent_states[i], history[-block_len:], counts)
             layer.recurrent_states_history[i] = []
         if kept is not None:
-            layer.cumulative_length_linear.sub_(block_len - int(kept.max()))
+            layer.cumulative_length_linear.sub_(block_len - max(counts))
+
+
+def _keep_recurrent(state: torch.Tensor, history: list, counts: list) -> None:
+    """`state` [rows, ...] (after the whole block) := each row's state after its first `counts[row]` tokens,
+    `history[k]` being the state after k (k < the block's length). Row by row: a state is large (Qwen3.5: 1-2 MB a
+    layer in float32) and stacking the whole history to gather from it cost more than the forward saved."""
+    if len(set(counts)) == 1:
+        if counts[0] < len(history):
+            state.copy_(history[counts[0]])
+        return
+    for row, count in enumerate(counts):
+        if count < len(history):
+            state[row].copy_(history[count][row])
 
 
 def _window(inputs: torch.Tensor, width: int, block_len: int, kept: torch.LongTensor | None) -> torch.Tensor:

@@ -132,10 +132,11 @@ def draft_settings(target, drafter: DFlashDraftModel, *, num_assistant_tokens: i
         )
     if temperature is not None and not temperature > 0:
         raise ValueError(f"temperature={temperature!r}: sampling needs a temperature > 0.")
-    chains_only = bool(tree_size) and _tree_unsupported(target) is not None
+    reason = _tree_unsupported(target) if tree_size else None
+    chains_only = reason is not None
     if chains_only and tree_size != "auto":  # "auto" sizes chains instead of trees: nothing to say
-        logger.warning_once(f"draft_tree_size={tree_size}: {_tree_unsupported(target)}. A chain of drafts is "
-                            "verified instead; draft_tree_size='auto' chooses each step's chain length.")
+        logger.warning_once(f"draft_tree_size={tree_size}: {reason}. A chain of drafts is verified instead; "
+                            "draft_tree_size='auto' chooses each step's chain length.")
         tree_size = 0
     return DraftSettings(block_size, tree_size, threshold, temperature, chains_only=chains_only)
 
