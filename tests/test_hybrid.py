@@ -63,9 +63,11 @@ def test_recorded_states_are_rolled_back_per_row(oracle, monkeypatch):
             target(self.sequences[r, start : self.lengths[r] - 1][None], cache=fresh, use_cache=True)
             for layer, expected in zip(self.cache.layers, fresh.layers):
                 if hasattr(layer, "recurrent_states"):
-                    # float64 targets, but the gated decay runs in float32 (`A_log.float()`)
-                    assert torch.allclose(layer.recurrent_states[0][i], expected.recurrent_states[0][0], atol=1e-6)
-                    assert torch.allclose(layer.conv_states[0][i], expected.conv_states[0][0], atol=1e-6)
+                    # float64 targets, but the gated decay runs in float32 (`A_log.float()`); a wrong rollback is off
+                    # by the states' own size (about 1)
+                    for ours, fresh in ((layer.recurrent_states[0][i], expected.recurrent_states[0][0]),
+                                        (layer.conv_states[0][i], expected.conv_states[0][0])):
+                        torch.testing.assert_close(ours, fresh, rtol=1e-4, atol=1e-4)
             checked.append(r)
         return result
 
@@ -199,7 +201,10 @@ def test_generate_features_on_a_hybrid_target(oracle):
     out = target.generate(ids, assistant_model=drafter, **kwargs)
     assert torch.equal(out.sequences, plain.sequences)
     for ours, theirs in ((out.scores, plain.scores), (out.logits, plain.logits)):
-        assert len(ours) == len(theirs) and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(ours, theirs))
+        # float32: a block's forward and one-token steps round differently
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     streamed = []
     for assistant in (None, drafter):
         streamer = Recorder()
