@@ -119,6 +119,7 @@ class Decoder:
             self.eos_ids = None  # scores are kept token by token
         self.cache = new_cache(target)  # sliding-window and linear-attention layers record what a rollback needs
         self.recurrent = bool(linear_layers(self.cache))  # a hybrid target: chains only
+        self.model_type = target.config.get_text_config().model_type  # named in `keep_states`' error
         self.holes = False  # rejected slots stay in the cache, masked (`holes_allowed`, once the prefill filled it)
         self.trees = trees
         self.mask_one_token = trees and mask_one_token(device)
@@ -369,7 +370,7 @@ class Decoder:
         path = path[:, :longest]
         gather_path(self.cache, path, block_len)  # the path's slots to the front of the block, in path order
         # linear-attention layers: each row's states after its path
-        keep_states(self.cache, block_len, kept, self.target.config.get_text_config().model_type)
+        keep_states(self.cache, block_len, kept, self.model_type)
         keep = torch.arange(block_len, device=kept.device) < kept[:, None]  # [rows, T]: verified slots to keep
         self.target_mask = keep_verified(self.cache, self.target_mask, keep, shift=not self.holes)
         positions = self.next_pos[:, None] + torch.arange(longest, device=kept.device)

@@ -50,8 +50,11 @@ def keep_states(cache, block_len: int, kept: torch.LongTensor | None = None, mod
     after its first `kept` [rows] tokens of the block (None: all of them, as after a prefill), and the recordings
     dropped. Every row's count of tokens goes back to the longest kept, as the attention layers' cache (`crop`).
     `model_type` names the target in the error raised where its layers recorded too few states."""
+    layers = linear_layers(cache)
+    if not layers:  # an attention-only target: nothing to read back
+        return
     counts = None if kept is None else kept.tolist()  # the loop has read them already: no new sync
-    for layer in linear_layers(cache):
+    for layer in layers:
         for i in range(layer.number_of_states):
             if layer.is_conv_states_initialized[i]:
                 layer.conv_states[i] = _window(layer.conv_states[i], layer.conv_kernel_size[i], block_len, kept)
