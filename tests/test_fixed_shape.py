@@ -14,7 +14,7 @@ from hf_dflash.generation.auto_size import AutoTreeSize
 from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 from hf_dflash.generation.forward_costs import ForwardCosts
 
-from conftest import ARCHITECTURES, left_padded, make_drafter, make_target, make_tokenizer
+from conftest import ARCHITECTURES, HYBRIDS, left_padded, make_drafter, make_hybrid, make_target, make_tokenizer
 from test_cost_model import FLAT, STEEP
 from test_sampling import SAMPLES, drafter, exact_distribution, g_test, greedy_oracle, target  # noqa: F401 (fixtures: test_sampling's 8-token target)
 from test_tree import PROBS, calibrated_oracle, draw_tree, tree_oracle  # noqa: F401 (fixtures)
@@ -53,8 +53,9 @@ def test_greedy_equals_plain_generate(arch, batch, oracle, monkeypatch):
     assert [sum(row) for row in out.acceptance_lengths] == [24 - 1] * batch  # the prefill commits the first
 
 
-def test_eos_inside_a_block_and_the_max_length_cut(oracle):
-    target = make_target("qwen3")
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_5_text"])  # a hybrid's frozen rows keep their states too
+def test_eos_inside_a_block_and_the_max_length_cut(model_type, oracle):
+    target = make_hybrid(model_type) if model_type in HYBRIDS else make_target(model_type)
     drafter = make_drafter(target, block_size=5)
     ids, mask = left_padded(3)
     reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)

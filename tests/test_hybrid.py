@@ -10,13 +10,16 @@ from transformers.cache_utils import DynamicCache
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging
 
-from hf_dflash import DFlashDraftModel, generate
+from hf_dflash import DFlashDraftModel, compile_everywhere, generate
 from hf_dflash.generation import Decoder
+from hf_dflash.generation.fixed_shape import FixedShapeDecoder
 from hf_dflash.generation.tree import DraftTree
 
 from conftest import HYBRIDS, MASK, ForwardCounter, Recorder, left_padded, make_drafter, make_hybrid, make_tokenizer
 from test_cost_model import FLAT, STEEP, with_costs
+from test_fixed_shape import REUSED_OUTPUTS, STATIC, loops_run
 from test_sampling import assert_samples_the_target_distribution, greedy_oracle  # noqa: F401 (a fixture)
+from test_tree import tree_oracle  # noqa: F401 (a fixture)
 
 
 def logged(function):
@@ -46,18 +49,22 @@ def test_oracle_drafter_matches_plain_greedy(model_type, correct_upto, oracle):
             assert any(len({row[k] for row in out.acceptance_lengths}) > 1 for k in range(3))
 
 
-def test_recorded_states_are_rolled_back_per_row(oracle, monkeypatch):
+@pytest.mark.parametrize("decoder", [Decoder, FixedShapeDecoder])
+def test_recorded_states_are_rolled_back_per_row(decoder, oracle, monkeypatch):
     """After each step, every row's linear-attention states equal those of a fresh prefill over its committed tokens
-    (less the newest, which the next step reads): what plain decoding holds, row by row."""
+    (less the newest, which the next step reads): what plain decoding holds, row by row. On both paths (the fixed
+    one keeps a stopped row frozen: its states are no one's)."""
     target = make_hybrid("qwen3_5_text")
     drafter = make_drafter(target, block_size=5)
     oracle("random")
     checked = []
-    original = Decoder.accept
+    original = decoder.accept
 
     def accept_and_check(self, logits, tree, features):
         result = original(self, logits, tree, features)
         for i, r in enumerate(self.rows.tolist()):
+            if decoder is FixedShapeDecoder and self.finished[r]:
+                continue
             start = int(self.prompt_mask[r].long().argmax())  # the first real prompt token
             fresh = DynamicCache(config=target.config)
             target(self.sequences[r, start : self.lengths[r] - 1][None], cache=fresh, use_cache=True)
@@ -71,13 +78,14 @@ def test_recorded_states_are_rolled_back_per_row(oracle, monkeypatch):
             checked.append(r)
         return result
 
-    monkeypatch.setattr(Decoder, "accept", accept_and_check)
+    monkeypatch.setattr(decoder, "accept", accept_and_check)
     ids, mask = left_padded(3)
-    generate(target, drafter, ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    generate(target, drafter, ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+             **(STATIC if decoder is FixedShapeDecoder else {}))
     assert sorted(set(checked)) == [0, 1, 2]
 
 
-def test_qwen3_5_as_its_checkpoints_load_it(oracle):
+def test_qwen3_5_as_its_checkpoints_load_it(oracle, monkeypatch):
     """Qwen3.5 / 3.6 checkpoints load as `Qwen3_5ForConditionalGeneration` (a vision tower beside the text model):
     text-only prompts run through it."""
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -92,11 +100,14 @@ def test_qwen3_5_as_its_checkpoints_load_it(oracle):
     target = AutoModelForImageTextToText.from_config(config).double().eval()
     drafter = make_drafter(target, block_size=4)
     oracle("random")
+    runs = loops_run(monkeypatch)
     ids, mask = left_padded(3)
     ids = ids.clamp(max=MASK - 3)  # no image or video tokens
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
-    assert torch.equal(target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
-                                       assistant_model=drafter), plain)
+    for static in ({}, STATIC):  # both paths
+        assert torch.equal(target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+                                           assistant_model=drafter, **static), plain)
+    assert runs == ["general", "fixed"]
 
 
 def verified_trees(monkeypatch) -> list:
@@ -162,17 +173,74 @@ def test_a_tree_size_verifies_chains_and_says_so(oracle, monkeypatch):
     assert "qwen3_5_text targets verify chains of drafts, not trees" in said
 
 
-def test_the_fixed_shape_path_hands_hybrid_targets_to_the_general_loop(oracle):
-    target = make_hybrid("qwen3_5_text")
+# the types whose linear layers keep one state each under `layer_types`' "linear_attention" (`RowLinearLayer`)
+FIXED_SHAPE = {"bamba", "granitemoehybrid", "jamba", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_next"}
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRIDS))
+def test_the_fixed_shape_path(model_type, oracle, monkeypatch):
+    """`cache_implementation="static"`: the fixed-shape path where its static layers serve the type, else the general
+    loop, said once; plain's tokens either way, rows accepting different lengths."""
+    runs = loops_run(monkeypatch)
+    target = make_hybrid(model_type)
     drafter = make_drafter(target, block_size=4)
     oracle("random")
     ids, mask = left_padded(3)
     plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
     outs = []
     said = logged(lambda: outs.append(generate(target, drafter, ids, attention_mask=mask, do_sample=False,
-                                               max_new_tokens=16, cache_implementation="static")))
-    assert torch.equal(outs[0], plain)
-    assert "runs on the general loop, because of a qwen3_5_text target" in said
+                                               max_new_tokens=16, return_dict_in_generate=True, **STATIC)))
+    assert torch.equal(outs[0].sequences, plain)
+    assert any(len({row[k] for row in outs[0].acceptance_lengths}) > 1 for k in range(3))
+    if model_type in FIXED_SHAPE:
+        assert runs == ["fixed"]
+    else:
+        assert runs == ["general"] and f"runs on the general loop, because of a {model_type} target" in said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree_size", [0, "auto"])
+def test_fixed_shape_steps_compile_once(tree_size, oracle, tree_oracle, monkeypatch, request):
+    """fullgraph=True, one graph per verification width and no recompile over a generation whose rows accept
+    different lengths, nor in a second call with other prompt lengths; "auto" verifies chains of the widths it
+    compiled (its candidates: one per position, right up to a depth of each row's own)."""
+    torch._dynamo.reset()
+    recompiles = torch._dynamo.config.patch(error_on_recompile=True)  # monkeypatch would delete the config entry
+    recompiles.__enter__()
+    request.addfinalizer(lambda: recompiles.__exit__(None, None, None))
+    with_costs(monkeypatch, FLAT)
+    widths = []
+    real = FixedShapeDecoder.verify_forward
+    monkeypatch.setattr(FixedShapeDecoder, "verify_forward",
+                        lambda self, tree: widths.append((tree.is_chain, tree.tokens.shape[1])) or real(self, tree))
+    target = make_hybrid("qwen3_5_text")
+    drafter = make_drafter(target, block_size=4)
+    compile_config = compile_everywhere(backend="aot_eager", fullgraph=True, mode=None)
+    for seed, lengths in ((0, None), (1, [2, 8, 5])):
+        ids, mask = left_padded(3, lengths=lengths, seed=seed)
+        plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+        oracle("random", seed=seed)
+        tree_oracle({0: [0, 0, 0], 1: [0, None], 2: [None]} if seed else {0: [0], 1: [0, 0, 0], 2: [0, 0]})
+        out = generate(target, drafter, ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
+                       draft_tree_size=tree_size, compile_config=compile_config, return_dict_in_generate=True,
+                       **STATIC)
+        assert torch.equal(out.sequences, plain)
+        assert any(len({row[k] for row in out.acceptance_lengths}) > 1 for k in range(3))
+    assert all(chain for chain, _ in widths) and {width for _, width in widths} <= {1, 4}
+
+
+def test_fixed_shape_reads_no_output_after_the_next_compiled_call(oracle):
+    """Under a backend that overwrites earlier outputs at every compiled call, as CUDA graphs do: the recorded states
+    are kept in the cache's own buffers, so the rollback after the verification reads what it recorded."""
+    torch._dynamo.reset()
+    target = make_hybrid("qwen3_next")
+    drafter = make_drafter(target, block_size=4)
+    oracle("random")
+    ids, mask = left_padded(3)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    out = generate(target, drafter, ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+                   compile_config=compile_everywhere(backend=REUSED_OUTPUTS.name, mode=None), **STATIC)
+    assert torch.equal(out, plain)
 
 
 SAMPLES = 6000

@@ -128,11 +128,12 @@ class AutoTreeSize:
         self.calibration.update(tree, path, accepted, live)
 
 
-def fixed_shape_auto(target, batch_size: int, block_size: int) -> AutoTreeSize:
+def fixed_shape_auto(target, batch_size: int, block_size: int, chains_only: bool = False) -> AutoTreeSize:
     """The "auto" policy of a fixed-shape call: each step's size chosen among `tree_size_menu`'s, by the steps' own
-    costs (`StepCosts`, from the target's timed forward curve until the call has measured them)."""
+    costs (`StepCosts`, from the target's timed forward curve until the call has measured them); with `chains_only`,
+    chain lengths."""
     curve = load_forward_costs(target, batch_size=batch_size)
     # Every step builds the widest tree, whichever size it then verifies, and the choice does not see that cost: the
     # widest is held to two candidates a depth (docs/design.md: wider trees were slower on a CPU)
-    widest = min(curve.max_tokens, 2 * block_size) - 1
+    widest = min(curve.max_tokens, block_size if chains_only else 2 * block_size) - 1
     return AutoTreeSize(StepCosts(curve), max_depth=block_size - 1, sizes=tree_size_menu(widest, curve))

@@ -24,12 +24,15 @@ the call's settings allow it (`unsupported_reason` is None) the loop runs with a
 
 What it serves: chains, trees and "auto" (no `assistant_confidence_threshold`), greedy and sampling with processors
 that ignore `input_ids`, EOS, stop-string and `max_length` stops, batch >= 1, full-attention and sliding-window
-targets with eager or sdpa attention. Anything else runs on the general loop, said once in the log.
+targets with eager or sdpa attention, and hybrid targets whose linear layers are `layer_types`' "linear_attention"
+(chains: `linear_attention.RowLinearLayer` keeps their states in place). Anything else runs on the general loop, said
+once in the log.
 """
 
 import time
 
 import torch
+from torch.nn import functional as F
 from transformers.generation import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 from transformers.utils import logging
 
@@ -37,7 +40,7 @@ from ..sampling import rejection_sample
 from .compiling import compile_config_for, compiled_call, compiled_function
 from .decoder import POSITION_FREE_PROCESSORS, DFlashGenerateOutput, eos_token_ids, pad_token_id, pick
 from .kv_cache import cache_capacity, move_slots, row_cache, set_write_index, step_span
-from .linear_attention import is_hybrid
+from .linear_attention import fixed_shape_unsupported, is_hybrid, keep_row_states, record_block, row_linear_states
 from .proposer import Context, DraftSettings, drafter_masks
 from .tree import DraftTree, additive_mask, ancestors, takes_explicit_masks
 
@@ -48,8 +51,8 @@ def unsupported_reason(target, settings: DraftSettings, generation_config, logit
     """Why this call cannot run on the fixed-shape path, or None when it can."""
     if settings.threshold:
         return f"assistant_confidence_threshold={settings.threshold!r} (pass 0)"
-    if is_hybrid(target):
-        return f"a {target.config.get_text_config().model_type} target (linear-attention layers: general loop only)"
+    if is_hybrid(target) and (reason := fixed_shape_unsupported(target)):
+        return reason
     if not takes_explicit_masks(target):
         implementation = target.config.get_text_config()._attn_implementation
         return f"{implementation} attention (eager or sdpa take the explicit masks it needs)"
@@ -107,7 +110,10 @@ class FixedShapeDecoder:
         self.steps = 0
         self.widths = []  # each step's verification width, on the host ("auto" chooses it there)
         text_config = target.config.get_text_config()
-        self.cache = row_cache(target, text_config.num_hidden_layers, self.capacity, batch)
+        self.cache = row_cache(target, text_config.num_hidden_layers, self.capacity, batch, span)
+        self.prompt_mask = prompt_mask  # [rows, P]: what a hybrid target's linear layers read in the prefill
+        self.linear_states = None  # a hybrid target's (`row_linear_states`), once the prefill allocated them
+        self.keep_row_states = None  # `linear_attention.keep_row_states`, compiled where the forwards are
         self.sliding_window = getattr(text_config, "sliding_window", None)
         types = set(getattr(text_config, "layer_types", None) or [])
         if not types:
@@ -153,7 +159,8 @@ class FixedShapeDecoder:
         masks = {}
         for kind in self.layer_types:
             seen = visible & (distance < self.sliding_window) if kind == "sliding_attention" else visible
-            masks[kind] = additive_mask(seen, dtype)[:, None]
+            # linear layers: a step's tokens are never padding (the prefill gives them the prompt's 2-D mask)
+            masks[kind] = None if kind == "linear_attention" else additive_mask(seen, dtype)[:, None]
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
     # --- the loop's interface (as `Decoder`'s) ------------------------------------------------------------------
@@ -162,9 +169,15 @@ class FixedShapeDecoder:
         width it may choose compiled (`warm_up`). Returns the target's output."""
         slots = torch.arange(self.prompt_len, device=input_ids.device).expand(len(input_ids), -1)
         set_write_index(self.cache, slots)
-        out = self.target(input_ids=input_ids, position_ids=self.prompt_positions,
-                          attention_mask=self._masks(slots, self.target.dtype), cache=self.cache, use_cache=True,
-                          output_hidden_states=True, logits_to_keep=1)
+        masks = self._masks(slots, self.target.dtype)
+        if "linear_attention" in self.layer_types:
+            masks["linear_attention"] = self.prompt_mask.long()
+            for layer in self.cache.layers:
+                if hasattr(layer, "start"):
+                    layer.start()
+        out = self.target(input_ids=input_ids, position_ids=self.prompt_positions, attention_mask=masks,
+                          cache=self.cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+        self.linear_states = row_linear_states(self.cache) or None
         self.compile_config = compile_config_for(self.target, self.cache, self.config)
         tokens = pick(self.process(out.logits[:, -1:]), self.config.do_sample)  # [rows, 1]
         self.commit(tokens, torch.ones_like(self.lengths), record=False)
@@ -226,6 +239,8 @@ class FixedShapeDecoder:
         set_write_index(self.cache, query_slots)
         if tree.is_chain:
             return self.forward_at(tree.tokens, query_slots)
+        if self.linear_states is not None:
+            raise RuntimeError("A hybrid target's recurrent layers read a block in order: they verify chains only.")
         self.family = ancestors(tree, max_depth=self.block_size - 1)
         return self.verify_call(width)(input_ids=tree.tokens, position_ids=self.next_pos[:, None] + tree.depths,
                                 attention_mask=self._tree_masks(tree, self.target.dtype), cache=self.cache,
@@ -254,7 +269,8 @@ class FixedShapeDecoder:
 
     def forward_at(self, tokens: torch.LongTensor, query_slots: torch.LongTensor):
         """The (compiled) target forward over `tokens` [rows, Q] at `query_slots` [rows, Q], writing the cache where
-        its layers' write index says."""
+        its layers' write index says; a hybrid target's linear layers record each token's state (`record_block`)."""
+        record_block(self.cache, tokens.shape[1])
         return self.verify_call(tokens.shape[1])(input_ids=tokens, position_ids=self.slot_positions(query_slots),
                                 attention_mask=self._masks(query_slots, self.target.dtype), cache=self.cache,
                                 use_cache=True, output_hidden_states=True)
@@ -270,16 +286,25 @@ class FixedShapeDecoder:
     def accept(self, logits: torch.Tensor, tree: DraftTree, features: torch.Tensor) -> tuple:
         """Verify `tree` against the target's `logits` [rows, T, vocab], commit, and keep the accepted path in the
         cache. `features` [rows, T, F]: the drafter's features of the verified slots. Returns the drafter's next
-        `Context` (the block's, or the tree's path's, now at the slots from the old root on), the path [rows, B] of
-        tree slots (None for a chain), and how many tokens each row kept before any stop [rows]."""
+        `Context` (the block's, or the tree's path's, now at the slots from the old root on), the accepted path's
+        tree slots [rows, B] (a chain's: its own [rows, T]), and how many tokens each row kept before any stop
+        [rows]."""
         tokens, kept, path = self.verify(logits, tree)
+        if self.linear_states is not None:  # chains only: each row's states after its kept tokens
+            if self.keep_row_states is None:
+                self.keep_row_states = compiled_function(self.target, keep_row_states, self.compile_config)
+            self.keep_row_states(self.linear_states, kept)
         if path is not None:
             self.keep_path(path)
             features = features.gather(1, path.to(features.device)[..., None].expand(-1, -1, features.shape[-1]))
+        elif features.shape[1] < self.block_size:  # a chain "auto" cut short: its slots past it are masked
+            features = F.pad(features, (0, 0, 0, self.block_size - features.shape[1]))
         written = self.step_slots(self.block_size)
         context = Context(features, self.offsets[: self.block_size] < kept[:, None], self.slot_positions(written),
                           written)
         self.slot = self.slot + self.commit(tokens, kept)
+        if path is None:
+            path = self.offsets[: tree.tokens.shape[1]].expand(len(kept), -1)
         return context, path, kept
 
     def verify(self, logits: torch.Tensor, tree: DraftTree) -> tuple:

@@ -17,7 +17,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 from transformers.utils import logging
 
-from .linear_attention import attention_layers, attention_part, crop_attention
+from .linear_attention import RowLinearLayer, attention_layers, attention_part, crop_attention
 from .tree import takes_explicit_masks
 
 logger = logging.get_logger(__name__)
@@ -158,17 +158,21 @@ def cache_capacity(max_length: int) -> int:
     return -(-(max_length + 1) // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def row_cache(owner: torch.nn.Module, num_layers: int, capacity: int, batch_size: int) -> Cache:
+def row_cache(owner: torch.nn.Module, num_layers: int, capacity: int, batch_size: int, span: int = 0) -> Cache:
     """A cache of `num_layers` `RowCacheLayer`s of `capacity` slots each (allocated at the first update) for `owner`'s
     forwards, kept on `owner` as transformers keeps a static cache (one per model; a call of another shape replaces
     it): every call of the same shape writes the same tensors, so CUDA graphs recorded over their addresses replay
     instead of recording again inside each `generate`. What an earlier call left in it is never read: a step's masks
-    show each row only slots written in this call (the prompt's, then each step's from its root on)."""
-    key = (num_layers, capacity, batch_size, owner.dtype, owner.device)
+    show each row only slots written in this call (the prompt's, then each step's from its root on). A hybrid
+    target's "linear_attention" layers (`layer_types`) are `RowLinearLayer`s recording steps of up to `span` tokens,
+    which each prefill starts afresh."""
+    types = getattr(owner.config.get_text_config(), "layer_types", None) or [None] * num_layers
+    linear = [kind == "linear_attention" for kind in types[:num_layers]]
+    key = (num_layers, capacity, batch_size, owner.dtype, owner.device, span if any(linear) else None)
     kept = owner.__dict__.get("_hf_dflash_row_cache")
     if kept is None or kept[0] != key:
-        kept = owner.__dict__["_hf_dflash_row_cache"] = key, Cache(layers=[RowCacheLayer(capacity)
-                                                                            for _ in range(num_layers)])
+        layers = [RowLinearLayer(span) if is_linear else RowCacheLayer(capacity) for is_linear in linear]
+        kept = owner.__dict__["_hf_dflash_row_cache"] = key, Cache(layers=layers)
     return kept[1]
 
 

@@ -10,12 +10,13 @@ then gives each row its own: the window ending at its last kept token, the state
 rolls every row back by one amount, so it serves a batch only where all rows keep alike.
 
 A recurrent layer reads a block in order: it cannot read a tree through an attention mask, so hybrid targets verify
-chains (`hf_dflash.generation.proposer.draft_settings`; docs/design.md, "Hybrid targets").
+chains (`hf_dflash.generation.proposer.draft_settings`; docs/design.md, "Hybrid targets"). The fixed-shape path keeps
+the states in tensors written in place instead (`RowLinearLayer`, `keep_row_states`).
 """
 
 import torch
 from torch.nn import functional as F
-from transformers.cache_utils import CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, DynamicCache, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
 
 def linear_layers(cache) -> list:
@@ -130,3 +131,100 @@ def select_rows(cache, rows: torch.LongTensor) -> None:
                 for states in (layer.conv_states, layer.recurrent_states):
                     if states[i] is not None:
                         states[i] = states[i][rows.to(states[i].device)]
+
+
+FIXED_SHAPE_LAYER_TYPES = {"full_attention", "linear_attention"}  # configs whose linear layers take the 2-D mask
+
+
+def fixed_shape_unsupported(target) -> str | None:
+    """Why the fixed-shape path cannot serve this hybrid target, or None: it keeps one convolution window and one
+    recurrent state per linear layer (`RowLinearLayer`), and gives linear layers the prompt's 2-D padding mask under
+    `layer_types`' "linear_attention" key; mixed layers (attention and state space in one) are the general loop's."""
+    config = target.config.get_text_config()
+    types = set(getattr(config, "layer_types", None) or [])
+    layers = DynamicCache(config=target.config).layers
+    if not types <= FIXED_SHAPE_LAYER_TYPES or any(
+            isinstance(layer, LinearAttentionCacheLayerMixin) and (type(layer) is not LinearAttentionLayer
+                                                                   or layer.number_of_states != 1)
+            for layer in layers):
+        return f"a {config.model_type} target (its mixed or multi-state layers: general loop only)"
+    return None
+
+
+class RowLinearLayer(LinearAttentionLayer):
+    """The fixed-shape path's linear-attention layer (`kv_cache.row_cache`): its window and state live in tensors
+    allocated once and written in place, so compiled steps (CUDA graphs) keep their addresses. A step's forward over
+    W tokens (`record_block`: W) leaves them as they were and records, into buffers of `span` tokens, the convolution
+    inputs (the window before the block, then the block's) and the state after each token; `keep_row_states` then
+    gives each row the window and state after its own last kept token. A prompt (no previous state) sets them."""
+
+    is_compileable = True  # recording writes preallocated buffers: nothing grows, nothing is reassigned
+
+    def __init__(self, span: int):
+        super().__init__(number_of_states=1)
+        self.span = span
+        self.record_past = True  # the model asks `recurrent_states_to_keep` of recording layers only
+        self.recurrent_states_to_keep = 0
+        self.conv_inputs = None  # [rows, channels, kernel + span]
+        self.recorded = None  # [span, rows, *state]: the state after each of a step's tokens
+
+    def start(self) -> None:
+        """A new call: its prompt has no previous state (the tensors stay, for the next compiled step)."""
+        self.has_previous_state[0] = False
+        self.recurrent_states_to_keep = 0
+
+    def lazy_initialization(self, conv_states=None, recurrent_states=None, state_idx=0, conv_kernel_size=None):
+        super().lazy_initialization(conv_states, recurrent_states, state_idx, conv_kernel_size)
+        if conv_states is not None:
+            window = self.conv_states[0]
+            self.conv_inputs = window.new_zeros(*window.shape[:-1], window.shape[-1] + self.span)
+            torch._dynamo.mark_static_address(window)
+            torch._dynamo.mark_static_address(self.conv_inputs)
+        if recurrent_states is not None:
+            self.recorded = self.recurrent_states[0].new_zeros(self.span, *self.recurrent_states[0].shape)
+            torch._dynamo.mark_static_address(self.recorded)
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None,
+                          **kwargs) -> torch.Tensor:
+        if not self.is_conv_states_initialized[0]:
+            self.lazy_initialization(conv_states=conv_states, conv_kernel_size=conv_kernel_size)
+        window = self.conv_states[0]
+        if not self.has_previous_state[0]:  # a prompt: its last inputs, zeros before its first
+            self.has_previous_state[0] = True
+            window.copy_(F.pad(conv_states, (window.shape[-1], 0))[..., -window.shape[-1]:])
+            return conv_states
+        inputs = torch.cat([window, conv_states], dim=-1)
+        self.conv_inputs[..., : inputs.shape[-1]].copy_(inputs)
+        return inputs
+
+    def update_recurrent_state(self, recurrent_states, state_idx: int = 0, **kwargs) -> torch.Tensor:
+        # a list: the state after each recorded token; a tensor: a prompt's last state, or a one-token step's
+        states = [recurrent_states] if isinstance(recurrent_states, torch.Tensor) else recurrent_states
+        if not self.is_recurrent_states_initialized[0]:
+            self.lazy_initialization(recurrent_states=states[0])
+        if not self.recurrent_states_to_keep:
+            self.recurrent_states[0].copy_(states[-1])
+        elif len(states) != self.recurrent_states_to_keep:
+            raise ValueError(f"A step over {self.recurrent_states_to_keep} tokens recorded {len(states)} recurrent "
+                             "states: this target's layers do not honour `recurrent_states_to_keep`. Generate "
+                             "without cache_implementation='static'.")
+        else:
+            for k, state in enumerate(states):
+                self.recorded[k].copy_(state)
+        return self.recurrent_states[0]
+
+
+def row_linear_states(cache) -> list:
+    """`keep_row_states`' tensors: each `RowLinearLayer`'s window, recorded inputs, state and recorded states."""
+    return [(layer.conv_states[0], layer.conv_inputs, layer.recurrent_states[0], layer.recorded)
+            for layer in cache.layers if isinstance(layer, RowLinearLayer)]
+
+
+def keep_row_states(states: list, kept: torch.LongTensor) -> None:
+    """After a step (`row_linear_states(cache)`): each row's window and state after its first `kept` [rows] >= 1
+    tokens of the step, in place. The fixed-shape path compiles it into one call, as `kv_cache.move_slots`."""
+    for window, inputs, state, recorded in states:
+        rows, channels, width = window.shape
+        index = kept.to(window.device)[:, None] + torch.arange(width, device=window.device)  # [rows, width]
+        window.copy_(inputs.gather(-1, index[:, None, :].expand(-1, channels, -1)))
+        state.copy_(recorded[kept.to(state.device) - 1, torch.arange(rows, device=state.device)])

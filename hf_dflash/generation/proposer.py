@@ -147,7 +147,7 @@ def with_auto(settings: DraftSettings, target, batch_size: int, fixed_shape: boo
     if settings.tree_size != "auto":
         return settings
     if fixed_shape:
-        auto = fixed_shape_auto(target, batch_size, settings.block_size)
+        auto = fixed_shape_auto(target, batch_size, settings.block_size, settings.chains_only)
     else:
         auto = AutoTreeSize(LoopCosts(load_forward_costs(target, batch_size=batch_size)),
                             max_depth=settings.block_size - 1)

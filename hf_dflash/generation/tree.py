@@ -163,6 +163,7 @@ def build_tree_on_device(root: torch.LongTensor, ids: torch.LongTensor, probs: t
         parents=torch.cat([parent_slot.new_full((rows, 1), -1), parent_slot], dim=1),
         depths=torch.cat([position.new_zeros(rows, 1), position + 1], dim=1),
         scores=scores.gather(1, chosen),
+        is_chain=k == 1,
     )
 
 
