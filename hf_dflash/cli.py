@@ -15,7 +15,7 @@ import time
 import typing
 from pathlib import Path
 
-from .bench.random_models import RANDOM_SHAPES
+from .bench import BASELINES, RANDOM_SHAPES
 from .bigram import DEFAULTS as BIGRAM_DEFAULTS
 from .packaged import SMOLLM2_ID, load_target
 
@@ -27,6 +27,7 @@ DEMO_PROMPTS = [
     "Give three tips for staying healthy.",
 ]
 _SHIPPED = "smollm2-135m-instruct-dflash"
+VLLM_PYTHON_HELP = "a vLLM virtualenv's python (default: $HF_DFLASH_VLLM_PYTHON; examples/make_vllm_env.sh builds one)"
 # In a wheel, examples/drafters is installed as hf_dflash/drafters (pyproject.toml); in a checkout it stays in place.
 _HERE = Path(__file__).resolve().parent
 SHIPPED_DRAFTER = next(
@@ -149,7 +150,12 @@ def prepare_data_cmd(args) -> int:
     from .training.data import prepare_data
 
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, args.dtype)
+    if args.engine == "vllm":
+        from .engines import VLLMGenerator as engine
+
+        target, tokenizer = engine.load(args.target, args.vllm_python, args.dtype, args.threads, args.save_features)
+    else:
+        target, tokenizer = load_target(args.target, args.dtype)
     prompts = list(read_prompts(args.prompts, limit=args.limit))
     stats = prepare_data(
         target, tokenizer, prompts, args.output, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
@@ -252,6 +258,7 @@ def bench_cmd(args) -> int:
     import hf_dflash
 
     from .bench import benchmark, load_prompt_set, write_outputs
+    from .bench.report import differences
     from .devices import resolve_dtype
     from .generation.compiling import compile_everywhere
 
@@ -296,23 +303,17 @@ def bench_cmd(args) -> int:
         threads=args.threads, warmup=args.warmup, seed=args.seed, drafter_note=note,
         assistant_confidence_threshold=args.assistant_confidence_threshold, draft_tree_sizes=args.draft_tree_sizes,
         oracle=args.oracle, cache_implementation=args.cache_implementation, compile_config=compile_config,
+        vllm=args.vllm_python,
     )
     results["target"], results["drafter"]["source"] = source, args.drafter or "untrained (random)"
     paths = write_outputs(results, args.output_dir, make_plot=not args.no_plot)
     print("\n" + results["markdown"])
     exact = target.dtype in (torch.float32, torch.float64)  # in bfloat16 a near-tie may flip: reported, not an error
-    differs = [run for run in results["runs"] if run["summary"]["identical"] is False]
-    for run in differs:
-        s = run["summary"]
-        print(f"{'ERROR' if exact else 'note'}: DFlash output differs from plain greedy generate on {run['set']} "
-              f"batch {run['batch_size']} block {run['block_size']} in {s['rows'] - s['identical_rows']} of "
-              f"{s['rows']} rows", file=sys.stderr)
-    wrong = [run for run in results["runs"] if run.get("oracle", {}).get("wrong_steps")]
-    for run in wrong:  # a near-tie in bfloat16; in float32 the oracle's drafts are the target's own choices
-        print(f"{'ERROR' if exact else 'note'}: the target rejected {run['oracle']['wrong_steps']} oracle drafts on "
-              f"{run['set']} batch {run['batch_size']} block {run['block_size']}", file=sys.stderr)
+    problems = differences(results, exact)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 1 if (differs or wrong) and exact else 0
+    return 1 if problems and exact else 0
 
 
 def _add_training_args(parser) -> None:
@@ -394,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-features", metavar="DIR",
                    help="also store the target's features of every sample, captured while generating "
                         "(train with --features DIR: no target pass in training)")
+    p.add_argument("--engine", choices=["transformers", "vllm"], default="transformers",
+                   help="vllm: regenerate with vLLM (continuous batching; features from store-features after)")
+    p.add_argument("--vllm-python", help=VLLM_PYTHON_HELP)
     _store_arguments(p)
     p.set_defaults(func=prepare_data_cmd)
 
@@ -425,9 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--assistant-confidence-threshold", type=float,
                    help="DFlash steps verify no drafts below this first-draft probability (default: the drafter's)")
-    p.add_argument("--baselines", nargs="*", choices=["plain", "static", "prompt_lookup", "native", "reference"],
+    p.add_argument("--baselines", nargs="*", choices=list(BASELINES),
                    default=["plain", "static", "prompt_lookup", "native", "reference"],
-                   help="static: plain generate with a static cache, compiled where transformers compiles it")
+                   help="static: plain generate with a static cache, compiled where transformers compiles it; vllm: "
+                        "vLLM plain and with the drafter (greedy; a vLLM virtualenv: --vllm-python)")
+    p.add_argument("--vllm-python", help=VLLM_PYTHON_HELP)
     p.add_argument("--cache-implementation", choices=["static"],
                    help="static: the DFlash calls take the fixed-shape path (docs/usage.md)")
     p.add_argument("--compile", action="store_true",
@@ -456,15 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     p.set_defaults(func=bench_cmd)
 
-    p = sub.add_parser("bigram-prior",
-                       help="count a drafter's bigram prior from its training data (hf_dflash.bigram)")
+    p = sub.add_parser("bigram-prior", help="count a drafter's bigram prior from its training data (hf_dflash.bigram)")
     p.add_argument("folder", help="a saved drafter folder")
     p.add_argument("--data", required=True, help="the prepared JSONL it was trained on (hf-dflash prepare-data)")
     p.add_argument("--output", help="write the drafter with its prior here (default: into FOLDER)")
     p.add_argument("--max-length", type=int, default=None, help="count only the first N tokens of each sample")
     p.add_argument("--beta", type=float, default=BIGRAM_DEFAULTS["beta"], help="strength of the prior (0: none)")
-    p.add_argument("--mix", type=float, default=BIGRAM_DEFAULTS["mix"],
-                   help="weight of the bigram against the unigram")
+    p.add_argument("--mix", type=float, default=BIGRAM_DEFAULTS["mix"], help="weight of the bigram against the unigram")
     p.add_argument("--min-count", type=int, default=BIGRAM_DEFAULTS["min_count"],
                    help="pairs seen fewer times are left out")
     p.set_defaults(func=bigram_prior_cmd)

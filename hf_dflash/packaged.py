@@ -15,7 +15,7 @@ import uuid
 from typing import NamedTuple
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import paths
 
@@ -114,6 +114,13 @@ def load_target(name_or_path: str, dtype: str = "float32", device=None) -> tuple
     path = resolve_model_path(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).eval()
     return model, _left_padding_tokenizer(path)
+
+
+def load_for_engine(name_or_path: str) -> tuple[str, PreTrainedTokenizerBase, GenerationConfig]:
+    """What regeneration through another engine needs of a target, without its weights: the folder (its packaged copy
+    where there is one), its tokenizer as `load_target` gives it, and its generation config (the stop ids)."""
+    path = resolve_model_path(name_or_path)
+    return path, _left_padding_tokenizer(path), GenerationConfig.from_pretrained(path)
 
 
 def _left_padding_tokenizer(path) -> PreTrainedTokenizerBase:

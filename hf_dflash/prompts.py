@@ -155,3 +155,9 @@ def stop_ids(target, tokenizer=None) -> list[int]:
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(int(tokenizer.eos_token_id))
     return ids
+
+
+def response_tokens(row: list[int], stop_ids: list[int], max_new_tokens: int) -> list[int]:
+    """A generated row's tokens up to and including its first stop token, at most `max_new_tokens`."""
+    row = row[:max_new_tokens]
+    return next((row[: i + 1] for i, token in enumerate(row) if token in stop_ids), row)

@@ -176,6 +176,9 @@ def test_model_safetensors_holds_the_zlab_tensors_only(tmp_path):
     assert not set(weights) & set(EXTRA_TENSORS)
     assert set(weights) == {n for n, _ in drafter.named_parameters()}  # the weights, by their z-lab names
     assert set(load_file(tmp_path / "new" / EXTRAS_FILE)) == set(EXTRA_TENSORS)
+    # engines (vLLM, SGLang) read the index where a folder has one, else every *.safetensors: it names the weights'
+    index = json.loads((tmp_path / "new" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index == dict.fromkeys(weights, "model.safetensors")
     # the earlier layout: everything in model.safetensors, no extensions file
     (tmp_path / "old").mkdir()
     for name in ("config.json", "configuration_dflash.py", "modeling_dflash.py"):

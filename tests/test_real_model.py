@@ -76,6 +76,8 @@ def test_shipped_drafter_is_hub_ready():
         dtypes, names = {f.get_slice(k).get_dtype() for k in f.keys()}, set(f.keys())
     assert dtypes == {"BF16"}  # its weights only, by the z-lab names engines load (vLLM refused the extensions)
     assert not names & set(EXTRA_TENSORS) and (SHIPPED / EXTRAS_FILE).is_file()
+    index = json.loads((SHIPPED / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index == dict.fromkeys(names, "model.safetensors")  # what engines load: not the extensions file
     drafter = AutoModel.from_pretrained(SHIPPED)
     assert drafter.draft_vocab.numel() == 8192 and drafter.bigram_prior is not None  # from the extensions file
     config = json.loads((SHIPPED / "config.json").read_text())

@@ -27,7 +27,8 @@ def _speedup_cell(summary: dict) -> str:
 
 
 def to_markdown(results: dict) -> str:
-    names = [b for b in results["settings"]["baselines"] if b != "plain"]
+    names = [n for b in results["settings"]["baselines"] if b != "plain"
+             for n in (("vllm", "vllm_dflash") if b == "vllm" else (b,))]
     head = ["set", "batch", "mode", "block", "tree", "tau", "drafts/step", "tok/s plain", "tok/s dflash", "speedup",
             "identical"]
     head += [f"tok/s {n}" for n in names]
@@ -44,7 +45,8 @@ def to_markdown(results: dict) -> str:
                  f"{s['tokens_per_s_dflash']:.1f}", _speedup_cell(s), identical]
         for n in names:
             b = run["baselines"].get(n, {})
-            cells.append(f"{b['tokens_per_s']:.1f}" + ("" if b["identical"] else " (differs)")
+            tau = f" (tau {b['tau']:.2f})" if b.get("tau") else ""  # vLLM with the drafter
+            cells.append(f"{b['tokens_per_s']:.1f}{tau}" + ("" if b["identical"] else " (differs)")
                          if "tokens_per_s" in b else "-")
         if "static" in names:
             cells.append(f"{s['speedup_best_plain']:.2f}x" if "speedup_best_plain" in s else "-")
@@ -98,6 +100,18 @@ def to_markdown(results: dict) -> str:
         lines += ["", "-: compiled forwards (the fixed-shape path) are not split into phases; `dflash: other` is then "
                       "a whole step"]
     return "\n".join(lines) + "\n"
+
+
+def differences(results: dict, exact: bool) -> list[str]:
+    """What `hf-dflash bench` says on stderr: runs whose DFlash output differs from plain greedy, and oracle drafts the
+    target rejected; errors where the dtype is `exact` (float32 / float64), else notes (a bfloat16 near-tie)."""
+    kind = "ERROR" if exact else "note"
+    lines = [f"{kind}: DFlash output differs from plain greedy generate on {run['set']} batch {run['batch_size']} "
+             f"block {run['block_size']} in {s['rows'] - s['identical_rows']} of {s['rows']} rows"
+             for run in results["runs"] if (s := run["summary"])["identical"] is False]
+    return lines + [f"{kind}: the target rejected {run['oracle']['wrong_steps']} oracle drafts on {run['set']} batch "
+                    f"{run['batch_size']} block {run['block_size']}"
+                    for run in results["runs"] if run.get("oracle", {}).get("wrong_steps")]
 
 
 def plot(results: dict, path) -> Path:

@@ -21,29 +21,23 @@ import torch
 from transformers.cache_utils import StaticCache
 
 from ..devices import cpu_description
+from ..engines import vllm_python
 from ..generation.kv_cache import cache_capacity
-from ..prompts import Prompt, left_padded_batch
+from ..prompts import Prompt, left_padded_batch, response_tokens
 from ..prompts import stop_ids as target_stop_ids
 from .oracle import OracleDrafts, ceilings, oracle_generate
 from .report import to_markdown
 from .timing import PHASES, profiled, timed
+from .vllm import VLLMBaselines
 
-BASELINES = ("plain", "static", "prompt_lookup", "native", "reference")
+BASELINES = ("plain", "static", "prompt_lookup", "native", "reference", "vllm")
 PROMPT_LOOKUP_TOKENS = 10
 
 
 # --- the measurement ----------------------------------------------------------------------------------------------
 def _new_tokens(sequences: torch.Tensor, prompt_len: int, stop_ids: list[int], max_new_tokens: int) -> list[list[int]]:
     """Each row's generated tokens, up to and including the first stop token (padding after it dropped)."""
-    rows = []
-    for row in sequences[:, prompt_len:].tolist():
-        row = row[:max_new_tokens]
-        for i, token in enumerate(row):
-            if token in stop_ids:
-                row = row[: i + 1]
-                break
-        rows.append(row)
-    return rows
+    return [response_tokens(row, stop_ids, max_new_tokens) for row in sequences[:, prompt_len:].tolist()]
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -109,6 +103,7 @@ def benchmark(
     oracle: bool = False,
     cache_implementation: str | None = None,
     compile_config=None,
+    vllm: str | None = None,
 ) -> dict:
     """Plain `generate` vs DFlash, interleaved prompt by prompt, for every prompt set x batch size x mode x block
     size (docs/benchmark.md has what each field means). Per prompt batch: new tokens, seconds, acceptance lengths and
@@ -123,7 +118,8 @@ def benchmark(
     continuation (`hf_dflash.bench.oracle`), and each run reports the loop against its ceiling. "static": plain
     `generate` with a static cache as long as the fixed-shape path's, compiled with `compile_config` (None:
     transformers' default; `hf_dflash.compile_everywhere()` on a CPU); `cache_implementation="static"` runs DFlash
-    on the fixed-shape path."""
+    on the fixed-shape path. "vllm" (greedy): vLLM plain and with the drafter (`engines.VLLMBaselines`), from the
+    virtualenv whose python `vllm` (else `$HF_DFLASH_VLLM_PYTHON`) names."""
     from tqdm.auto import tqdm
 
     block_sizes = list(block_sizes or [drafter.block_size])
@@ -138,14 +134,18 @@ def benchmark(
         )
     settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, baselines=baselines, warmup=warmup,
                     seed=seed, assistant_confidence_threshold=assistant_confidence_threshold, tree_sizes=tree_sizes,
-                    oracle=oracle, cache_implementation=cache_implementation, compile_config=compile_config)
+                    oracle=oracle, cache_implementation=cache_implementation, compile_config=compile_config,
+                    vllm=vllm_python(vllm) if "vllm" in baselines else None, threads=threads)
     runs_spec = [(s, b, m, k) for s in prompt_sets for b in batch_sizes for m in modes for k in block_sizes]
     bar = tqdm(total=sum(-(-len(prompt_sets[s]) // b) for s, b, *_ in runs_spec), desc="bench", disable=not progress)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         runner = _Runner(target, _drafters(drafter, block_sizes), tokenizer, Path(tmp), **settings)
-        for set_name, batch_size, mode, block in runs_spec:
-            runs += runner.runs(set_name, prompt_sets[set_name], batch_size, mode, block, bar)
+        try:
+            for set_name, batch_size, mode, block in runs_spec:
+                runs += runner.runs(set_name, prompt_sets[set_name], batch_size, mode, block, bar)
+        finally:
+            runner.vllm.close()
     bar.close()
     results = {
         "machine": machine_info(threads),
@@ -200,7 +200,8 @@ class _Runner:
     the baselines, each shape's first compiled call untimed."""
 
     def __init__(self, target, drafters: dict, tokenizer, tmp: Path, *, max_new_tokens, temperature, baselines, warmup,
-                 seed, assistant_confidence_threshold, tree_sizes, oracle, cache_implementation, compile_config):
+                 seed, assistant_confidence_threshold, tree_sizes, oracle, cache_implementation, compile_config, vllm,
+                 threads):
         self.target, self.drafters, self.tmp = target, drafters, tmp
         self.max_new_tokens, self.temperature, self.baselines = max_new_tokens, temperature, baselines
         self.warmup, self.seed, self.threshold = warmup, seed, assistant_confidence_threshold
@@ -217,15 +218,22 @@ class _Runner:
                 tokenizer.pad_token = tokenizer.eos_token
             self.pad_id = tokenizer.pad_token_id
         self.tokenizer = tokenizer
+        self.vllm = VLLMBaselines(vllm, target, drafters, tmp, threads=threads, max_new_tokens=max_new_tokens,
+                                  stop_ids=self.stop_ids)
         self.references = {}  # block -> (the reference package's drafter or None, why not)
         self.compiled_shapes = set()
 
     def runs(self, set_name: str, prompts: list, batch_size: int, mode: str, block: int, bar) -> list[dict]:
         """The runs (one per tree size) of one prompt set at one batch size, mode and block."""
         greedy = mode == "greedy"
-        active = [b for b in self.baselines if b not in ("plain", "static")] if greedy and batch_size == 1 else []
+        one_batch = [b for b in self.baselines if b not in ("plain", "static", "vllm")]
+        active = one_batch if greedy and batch_size == 1 else []
         active += ["static"] if "static" in self.baselines else []
         skipped = {}
+        if "vllm" in self.baselines:  # greedy, any batch size
+            reason = self.vllm.unavailable() if greedy else "greedy only"
+            active += [] if reason else list(self.vllm.names)
+            skipped.update(dict.fromkeys(self.vllm.names, reason) if reason else {})
         if "reference" in active:
             if block not in self.references:
                 self.references[block] = _reference_drafter(self.drafters[block], self.tmp / f"b{block}",
@@ -287,9 +295,12 @@ class _Runner:
             torch.manual_seed(self.seed + timed_index)
             records[tree] = self.measure_dflash(inputs, kwargs, block, plain, plain_rows, shared, tree)
         for name in active:
-            seq, secs = self.baseline(name, inputs, kwargs, block, len(batch))
-            rows = _new_tokens(seq, prompt_len, self.stop_ids, self.max_new_tokens)
-            measured = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
+            if name in self.vllm.names:
+                measured = self.vllm.measure(name, inputs, block, plain_rows)
+            else:
+                seq, secs = self.baseline(name, inputs, kwargs, block, len(batch))
+                rows = _new_tokens(seq, prompt_len, self.stop_ids, self.max_new_tokens)
+                measured = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
             for tree in self.tree_sizes if name == "static" else self.tree_sizes[:1]:  # every run compares with static
                 records[tree][name] = measured
         return records
@@ -405,6 +416,9 @@ def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped
         tokens = sum(r[name]["new_tokens"] for r in records)
         baselines[name] = {"seconds": secs, "new_tokens": tokens, "tokens_per_s": tokens / secs,
                            "speedup": plain_s / secs, "identical": all(r[name]["identical"] for r in records)}
+        if "drafts" in records[0][name]:  # vLLM's speculative counters: its tokens per step
+            steps, accepted = (sum(r[name][k] for r in records) for k in ("drafts", "accepted"))
+            baselines[name]["tau"] = 1 + accepted / steps if steps else None
     for name, note in skipped.items():
         baselines[name] = {"skipped": note}
     best_plain = min([plain_s] + [baselines[name]["seconds"] for name in ("static",) if name in active])

@@ -95,7 +95,8 @@ def prepare_data(
     template_kwargs = {"enable_thinking": enable_thinking} if enable_thinking is not None else {}
     sampling = {"temperature": temperature, "top_p": top_p} if do_sample else {}
     generation = {"do_sample": do_sample, "max_new_tokens": max_new_tokens, **sampling,
-                  "chat_template_kwargs": template_kwargs, "target": getattr(target, "name_or_path", "")}
+                  "chat_template_kwargs": template_kwargs, "target": getattr(target, "name_or_path", ""),
+                  "engine": getattr(target, "engine_name", "transformers")}
     stats = PrepareStats(output=str(output), generation=generation)
     todo = _to_generate(prompts, done, tokenizer, template_kwargs, max_prompt_tokens, batch_size, stats)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -9,12 +9,14 @@ What differs from Qwen3 (everything else is imported from transformers' Qwen3 mo
 - full-attention layers attend bidirectionally inside the block; sliding-window layers are causal and windowed.
 """
 
+import json
 import shutil
 import sys
 import weakref
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
@@ -121,12 +123,9 @@ class DFlashDecoderLayer(Qwen3DecoderLayer):
 
 
 class DFlashDraftModel(Qwen3PreTrainedModel):
-    """
-    The DFlash drafter. `forward` maps a block of (masked) token embeddings plus target context features to draft
-    hidden states; the target's output head turns them into draft logits (`compute_logits`).
-
-    Tensor names match the z-lab checkpoints (`layers.*`, `fc`, `hidden_norm`, `norm`, no `model.` prefix).
-    """
+    """The DFlash drafter. `forward` maps a block of (masked) token embeddings plus target context features to draft
+    hidden states; the target's output head turns them into draft logits (`compute_logits`). Tensor names match the
+    z-lab checkpoints (`layers.*`, `fc`, `hidden_norm`, `norm`, no `model.` prefix)."""
 
     config_class = DFlashConfig
     base_model_prefix = "dflash"  # the drafter is its own base model: z-lab tensor names carry no prefix
@@ -134,7 +133,7 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     _supports_flash_attn = False  # blocks see arbitrary key subsets: needs an explicit mask
     _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.", r"embed_tokens\.", r"lm_head\."]
     # hf-dflash's extensions are saved apart (`EXTRAS_FILE`): engines refuse unknown tensors in model.safetensors
-    _keys_to_ignore_on_load_missing = [rf"^{name}$" for name in ("draft_vocab", "bigram_keys", "bigram_boosts")]
+    _keys_to_ignore_on_load_missing = [rf"^{name}$" for name in EXTRA_TENSORS]
 
     decoder_layer_class = DFlashDecoderLayer  # DFlash2 swaps in its own
     card_writer = None  # f(folder): writes README.md after `save_pretrained`; the layer above sets it (hf_dflash.hub)
@@ -189,10 +188,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
                     mask_token_id: int | None = None, target_layer_ids: list[int] | None = None, tokenizer=None,
                     **config_kwargs) -> "DFlashDraftModel":
         """A randomly initialised drafter whose dimensions match `target` (on its device, in its dtype).
-
         `target_layer_ids` default to the DFlash rule; `mask_token_id` defaults to an embedding row the tokenizer
-        does not use (pass `tokenizer=`), or raises saying how to choose one.
-        """
+        does not use (pass `tokenizer=`), or raises saying how to choose one."""
         text = target.config.get_text_config()
         layers = text.num_hidden_layers
         rope = dict(getattr(text, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
@@ -237,20 +234,23 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         """Save in the z-lab format, plus this file and configuration_dflash.py with an `auto_map`, so that
         `AutoModel.from_pretrained(dir, trust_remote_code=True)` works without hf-dflash, and a model card if the
         folder has none and a `card_writer` is set (`import hf_dflash` sets `hf_dflash.hub.write_model_card`)."""
-        model_file = Path(sys.modules[type(self).__module__].__file__).stem
-        self.config.auto_map = {
-            "AutoConfig": f"configuration_dflash.{type(self.config).__name__}",
-            "AutoModel": f"{model_file}.{type(self).__name__}",
-        }
+        model_file, folder = Path(sys.modules[type(self).__module__].__file__).stem, Path(save_directory)
+        self.config.auto_map = {"AutoConfig": f"configuration_dflash.{type(self.config).__name__}",
+                                "AutoModel": f"{model_file}.{type(self).__name__}"}
         state_dict = kwargs.pop("state_dict", None) or self.state_dict()
         extras = {k: state_dict.pop(k).detach().contiguous().cpu() for k in EXTRA_TENSORS if k in state_dict}
         super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
-        (Path(save_directory) / EXTRAS_FILE).unlink(missing_ok=True)  # a folder saved over keeps no stale extension
+        (folder / EXTRAS_FILE).unlink(missing_ok=True)  # a folder saved over keeps no stale extension
         if extras:
-            save_file(extras, str(Path(save_directory) / EXTRAS_FILE))
+            save_file(extras, str(folder / EXTRAS_FILE))
+            # vLLM and SGLang load every *.safetensors of a folder without an index, and refuse unknown names
+            index = folder / "model.safetensors.index.json"  # a sharded save wrote its own
+            if not index.exists() and (folder / "model.safetensors").exists():
+                with safe_open(str(folder / "model.safetensors"), "pt") as f:
+                    index.write_text(json.dumps({"weight_map": dict.fromkeys(f.keys(), "model.safetensors")}))
         for name in {"configuration_dflash.py", "modeling_dflash.py", f"{model_file}.py"}:
-            shutil.copyfile(Path(__file__).with_name(name), Path(save_directory) / name)
-        if self.card_writer is not None and not (Path(save_directory) / "README.md").exists():
+            shutil.copyfile(Path(__file__).with_name(name), folder / name)
+        if self.card_writer is not None and not (folder / "README.md").exists():
             self.card_writer(save_directory)
 
     @classmethod
