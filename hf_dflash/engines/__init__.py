@@ -124,7 +124,7 @@ class VLLMGenerator:
         path, tokenizer, generation_config = load_for_engine(name_or_path)
         dtype = str(resolve_dtype(dtype)).removeprefix("torch.")  # "auto" as hf-dflash means it
         engine = VLLMEngine(vllm_python(python), path, dtype=dtype, threads=threads)
-        return cls(engine, name_or_path, generation_config), tokenizer
+        return cls(engine, path, generation_config), tokenizer  # named as `load_target` names it
 
     def generate(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor, max_new_tokens: int,
                  do_sample: bool = False, pad_token_id: int = 0, temperature: float = 1.0, top_p: float = 1.0,
