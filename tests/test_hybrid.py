@@ -189,8 +189,9 @@ def test_the_fixed_shape_path(model_type, oracle, monkeypatch):
         ids, mask = left_padded(batch)
         plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
         outs = []
-        said = logged(lambda: outs.append(generate(target, drafter, ids, attention_mask=mask, do_sample=False,
-                                                   max_new_tokens=16, return_dict_in_generate=True, **STATIC)))
+        said = logged(lambda ids=ids, mask=mask, outs=outs: outs.append(generate(
+            target, drafter, ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+            return_dict_in_generate=True, **STATIC)))
         assert torch.equal(outs[0].sequences, plain)
         assert max(max(row) for row in outs[0].acceptance_lengths) > 1
     assert any(len({row[k] for row in outs[0].acceptance_lengths}) > 1 for k in range(3))  # batch 3's rows
