@@ -118,7 +118,7 @@ def benchmark(
     continuation (`hf_dflash.bench.oracle`), and each run reports the loop against its ceiling. "static": plain
     `generate` with a static cache as long as the fixed-shape path's, compiled with `compile_config` (None:
     transformers' default; `hf_dflash.compile_everywhere()` on a CPU); `cache_implementation="static"` runs DFlash
-    on the fixed-shape path. "vllm" (greedy): vLLM plain and with the drafter (`engines.VLLMBaselines`), from the
+    on the fixed-shape path. "vllm" (greedy): vLLM plain and with the drafter (`bench.vllm.VLLMBaselines`), from the
     virtualenv whose python `vllm` (else `$HF_DFLASH_VLLM_PYTHON`) names."""
     from tqdm.auto import tqdm
 
@@ -232,8 +232,10 @@ class _Runner:
         skipped = {}
         if "vllm" in self.baselines:  # greedy, any batch size
             reason = self.vllm.unavailable() if greedy else "greedy only"
-            active += [] if reason else list(self.vllm.names)
-            skipped.update(dict.fromkeys(self.vllm.names, reason) if reason else {})
+            if reason:
+                skipped.update(dict.fromkeys(self.vllm.names, reason))
+            else:
+                active += self.vllm.names
         if "reference" in active:
             if block not in self.references:
                 self.references[block] = _reference_drafter(self.drafters[block], self.tmp / f"b{block}",

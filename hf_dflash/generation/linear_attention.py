@@ -147,7 +147,8 @@ def fixed_shape_unsupported(target) -> str | None:
             isinstance(layer, LinearAttentionCacheLayerMixin) and (type(layer) is not LinearAttentionLayer
                                                                    or layer.number_of_states != 1)
             for layer in layers):
-        return f"a {config.model_type} target (its mixed or multi-state layers: general loop only)"
+        return (f"a {config.model_type} target (the fixed-shape path keeps one state per 'linear_attention' layer; "
+                "this one has other layer kinds, or layers mixing attention and state space: general loop only)")
     return None
 
 
