@@ -430,8 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assistant-confidence-threshold", type=float,
                    help="DFlash steps verify no drafts below this first-draft probability (default: the drafter's)")
     p.add_argument("--baselines", nargs="*", choices=list(BASELINES),
-                   default=["plain", "static", "prompt_lookup", "native", "reference"],
-                   help="static: plain generate with a static cache, compiled where transformers compiles it; vllm: "
+                   default=["plain", "static", "packed", "prompt_lookup", "native", "reference"],
+                   help="static: plain generate with a static cache, compiled where transformers compiles it; packed: "
+                        "with its linears prepacked (hf_dflash.cpu_ops.packed_linears); vllm: "
                         "vLLM plain and with the drafter (greedy; a vLLM virtualenv: --vllm-python)")
     p.add_argument("--vllm-python", help=VLLM_PYTHON_HELP)
     p.add_argument("--cache-implementation", choices=["static"],

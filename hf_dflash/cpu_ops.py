@@ -90,6 +90,15 @@ class PackedLinear(nn.Linear):
         return packed_linear(input, packed[1], self.bias)
 
 
+def available_memory() -> int:
+    """Bytes of memory the system can still give (Linux's MemAvailable; 0 where it cannot say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
 def pack_linears(module: nn.Module) -> nn.Module:
     """Make every plain `nn.Linear` in `module` a `PackedLinear`, in place (idempotent; nothing without oneDNN
     bfloat16 support): for modules of hf-dflash's own, as the drafter's gathered head."""
@@ -101,12 +110,18 @@ def pack_linears(module: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def packed_linears(module: nn.Module):
+def packed_linears(module: nn.Module, memory_bound: bool = False):
     """Inside: `module`'s plain `nn.Linear`s on the CPU are `PackedLinear`s (where this torch can pack); on leaving
-    they are `nn.Linear`s again, so a user's model keeps its classes. The generation loop runs in it with the
-    drafter; the target is left as it is."""
+    they are `nn.Linear`s again, so a user's model keeps its classes. The generation loop runs in it with the drafter
+    and the target; plain `generate` gains as much in it (`with packed_linears(model): model.generate(...)`).
+    `memory_bound`: only where the packed copies, kept as large as the bfloat16 weights until the model is freed, fit
+    twice in the memory the system has available (a large target on a CPU may not have room for a second copy)."""
     swapped = [child for child in module.modules() if type(child) is nn.Linear and child.weight.device.type == "cpu"]
     swapped = swapped if packing_available() else []
+    if memory_bound and swapped:
+        unpacked = [child.weight for child in swapped if child not in PACKED and child.weight.dtype == torch.bfloat16]
+        if 2 * sum(w.numel() * w.element_size() for w in unpacked) > available_memory():
+            swapped = []
     for child in swapped:
         child.__class__ = PackedLinear
     try:

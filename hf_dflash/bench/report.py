@@ -32,7 +32,7 @@ def to_markdown(results: dict) -> str:
     head = ["set", "batch", "mode", "block", "tree", "tau", "drafts/step", "tok/s plain", "tok/s dflash", "speedup",
             "identical"]
     head += [f"tok/s {n}" for n in names]
-    if "static" in names:
+    if {"static", "packed"} & set(names):
         head.append("speedup vs best plain")
     lines = [_measured_on(results), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in results["runs"]:
@@ -48,7 +48,7 @@ def to_markdown(results: dict) -> str:
             tau = f" (tau {b['tau']:.2f})" if b.get("tau") else ""  # vLLM with the drafter
             cells.append(f"{b['tokens_per_s']:.1f}{tau}" + ("" if b["identical"] else " (differs)")
                          if "tokens_per_s" in b else "-")
-        if "static" in names:
+        if {"static", "packed"} & set(names):
             cells.append(f"{s['speedup_best_plain']:.2f}x" if "speedup_best_plain" in s else "-")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     auto = [run for run in results["runs"] if run["tree_size"] == "auto"]
@@ -64,7 +64,7 @@ def to_markdown(results: dict) -> str:
                   "wrong draft: verified and committed as they were); decode speedup: both calls' prefill left out; "
                   "the calls' forwards: the same ratio against the time of the calls' own target forwards (plain's "
                   "one-token steps over the loop's verifications), no timed forward; vs plain at its best: the decode "
-                  "speedup over the faster of plain eager and the static baseline, over the ceiling:", ""]
+                  "speedup over the fastest of plain eager and the static and packed baselines, over the ceiling:", ""]
         head = ["set", "batch", "block", "tree", "tau", "wrong drafts", "resyncs", "t(1) ms", "t(verified) ms",
                 "speedup", "decode speedup", "ceiling", "decode speedup / ceiling", "ceiling of its steps",
                 "decode speedup / that", "/ the calls' forwards", "vs plain at its best: decode speedup / ceiling"]

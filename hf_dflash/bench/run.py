@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers.cache_utils import StaticCache
 
+from ..cpu_ops import packed_linears
 from ..devices import cpu_description
 from ..engines import vllm_python
 from ..generation.kv_cache import cache_capacity
@@ -30,7 +31,8 @@ from .report import to_markdown
 from .timing import PHASES, profiled, timed
 from .vllm import VLLMBaselines
 
-BASELINES = ("plain", "static", "prompt_lookup", "native", "reference", "vllm")
+BASELINES = ("plain", "static", "packed", "prompt_lookup", "native", "reference", "vllm")
+BEST_PLAIN = ("static", "packed")  # plain `generate` at its best: every batch size and mode, every run
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -226,9 +228,9 @@ class _Runner:
     def runs(self, set_name: str, prompts: list, batch_size: int, mode: str, block: int, bar) -> list[dict]:
         """The runs (one per tree size) of one prompt set at one batch size, mode and block."""
         greedy = mode == "greedy"
-        one_batch = [b for b in self.baselines if b not in ("plain", "static", "vllm")]
+        one_batch = [b for b in self.baselines if b not in ("plain", *BEST_PLAIN, "vllm")]
         active = one_batch if greedy and batch_size == 1 else []
-        active += ["static"] if "static" in self.baselines else []
+        active += [b for b in BEST_PLAIN if b in self.baselines]
         skipped = {}
         if "vllm" in self.baselines:  # greedy, any batch size
             reason = self.vllm.unavailable() if greedy else "greedy only"
@@ -256,7 +258,7 @@ class _Runner:
                 records[tree].append(record)
             bar.update(1)
         # the baselines draft no trees: measured once, with the first size (static: reported with every size)
-        later = [name for name in active if name == "static"]
+        later = [name for name in active if name in BEST_PLAIN]
         first_size = self.tree_sizes[0]
         elsewhere = dict.fromkeys(set(active) - set(later), f"measured in the draft_tree_size={first_size} run")
         runs = []
@@ -303,13 +305,16 @@ class _Runner:
                 seq, secs = self.baseline(name, inputs, kwargs, block, len(batch))
                 rows = _new_tokens(seq, prompt_len, self.stop_ids, self.max_new_tokens)
                 measured = {"new_tokens": sum(map(len, rows)), "seconds": secs, "identical": rows == plain_rows}
-            for tree in self.tree_sizes if name == "static" else self.tree_sizes[:1]:  # every run compares with static
+            for tree in self.tree_sizes if name in BEST_PLAIN else self.tree_sizes[:1]:  # every run compares with them
                 records[tree][name] = measured
         return records
 
     def baseline(self, name: str, inputs: dict, kwargs: dict, block: int, batch_size: int) -> tuple:
         """(sequences, seconds) of one baseline's call on `inputs`."""
         target, device = self.target, self.device
+        if name == "packed":  # the target's linears prepacked, as DFlash's loop packs them (`cpu_ops`)
+            with packed_linears(target):
+                return timed(lambda: target.generate(**inputs, **kwargs), device)
         if name == "static":
             length = cache_capacity(inputs["input_ids"].shape[1] + self.max_new_tokens)
             static = functools.partial(target.generate, **inputs, **kwargs, compile_config=self.compile_config)
@@ -379,10 +384,11 @@ def _oracle_summary(run: dict) -> dict:
     limit, own = ceilings(steps, run["block_size"])
     # The ceiling is the decoding steps' own: the prefill (the same forward in both calls) is left out of both
     plain, dflash = (s[f"{m}_seconds"] - run["profile"][m]["prefill_seconds"] for m in ("plain", "dflash"))
-    # plain at its best: the static baseline where it ran and was faster (its prefill, eager as plain's, is taken
-    # to cost what plain's did)
-    static = run["baselines"].get("static", {}).get("seconds")
-    best = plain if static is None else min(plain, static - run["profile"]["plain"]["prefill_seconds"])
+    # plain at its best: the static or packed baseline where it ran and was faster (its prefill is taken to cost what
+    # plain's did)
+    prefill = run["profile"]["plain"]["prefill_seconds"]
+    best = min([plain] + [run["baselines"][n]["seconds"] - prefill for n in BEST_PLAIN
+                          if "seconds" in run["baselines"].get(n, {})])
     forwards = [sum(r[m]["phases"]["target_steps"] for r in records) for m in ("plain", "dflash")]
     sizes = sorted({k for step in steps for k in step["seconds"]}, key=int)
     mean = {k: statistics.mean(step["seconds"][k] for step in steps if k in step["seconds"]) for k in sizes}
@@ -423,7 +429,7 @@ def _summarise(set_name, batch_size, mode, block, tree, records, active, skipped
             baselines[name]["tau"] = 1 + accepted / steps if steps else None
     for name, note in skipped.items():
         baselines[name] = {"skipped": note}
-    best_plain = min([plain_s] + [baselines[name]["seconds"] for name in ("static",) if name in active])
+    best_plain = min([plain_s] + [baselines[name]["seconds"] for name in BEST_PLAIN if name in active])
     if not greedy or batch_size > 1:
         reason = "greedy, batch 1 only" if greedy else "greedy only"
         for name in ("prompt_lookup", "native", "reference"):

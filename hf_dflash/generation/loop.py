@@ -195,7 +195,8 @@ class DFlashCall:
         # cuDNN attention builds a graph per new key length: a new one every step on the general loop, and at the
         # prefill on either (`without_cudnn_attention`). Inference mode rather than `generate`'s no_grad: less
         # bookkeeping per operation (docs/design.md); what the loop makes in it stays inside.
-        with without_cudnn_attention(self.input_ids.device), packed_linears(self.drafter), torch.inference_mode():
+        with (without_cudnn_attention(self.input_ids.device), packed_linears(self.drafter),
+              packed_linears(self.target, memory_bound=True), torch.inference_mode()):
             speculative_loop(proposer, decoder, self.input_ids)
         return decoder.result()
 
