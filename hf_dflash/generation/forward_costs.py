@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..cpu_ops import packed_linears
 from ..devices import cpu_description, execution_device, without_cudnn_attention
 from ..paths import cache_dir
 from .linear_attention import new_cache, record_block
@@ -183,7 +184,8 @@ def time_forwards(
     generator = torch.Generator().manual_seed(0)
     vocab = target.config.get_text_config().vocab_size
     ids = torch.randint(vocab, (batch_size, context + max(sizes)), generator=generator).to(device)
-    with without_cudnn_attention(device):  # as the loop runs (a graph per new key length otherwise)
+    # as the loop runs: no cuDNN attention (a graph per new key length otherwise), a bfloat16 target's linears packed
+    with without_cudnn_attention(device), packed_linears(target, memory_bound=True):
         cache = new_cache(target)  # sliding-window and linear-attention layers must be able to drop the timed tokens
         target(input_ids=ids[:, :context], cache=cache, use_cache=True, logits_to_keep=1)
         valid = torch.ones(batch_size, context, dtype=torch.bool, device=device)
@@ -241,7 +243,7 @@ def _cache_key(target, batch_size: int, measure_kwargs: dict) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         # what `measure_forward_costs` times: a change of method must not read old files
-        "method": "tree mask, significant sizes, inference mode, one-token mask on a CPU",
+        "method": "tree mask, significant sizes, inference mode, one-token mask on a CPU, packed linears",
         **{k: list(v) if isinstance(v, tuple) else v for k, v in measure_kwargs.items()},
     }
 
