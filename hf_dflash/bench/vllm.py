@@ -3,7 +3,7 @@ hf-dflash, in the same run and table (`hf_dflash.engines`)."""
 
 from pathlib import Path
 
-from ..engines import VLLM_PYTHON, VLLMEngine
+from ..engines import VLLM_PYTHON, VLLMEngine, unpadded
 from ..prompts import response_tokens
 
 
@@ -42,9 +42,8 @@ class VLLMBaselines:
 
     def measure(self, name: str, inputs: dict, block: int, plain_rows: list) -> dict:
         """One prompt batch: new tokens, seconds, identity with plain's rows, and vLLM's speculative counters."""
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(inputs["input_ids"].cpu(),
-                                                                   inputs["attention_mask"].cpu())]
-        out = self.engine(name, block).generate(prompts, self.max_new_tokens)
+        out = self.engine(name, block).generate(unpadded(inputs["input_ids"], inputs["attention_mask"]),
+                                                self.max_new_tokens)
         rows = [response_tokens(row, self.stop_ids, self.max_new_tokens) for row in out["sequences"]]
         return {"new_tokens": sum(map(len, rows)), "seconds": out["seconds"], "identical": rows == plain_rows,
                 "drafts": out["drafts"], "accepted": out["accepted"]}

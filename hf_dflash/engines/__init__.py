@@ -90,6 +90,11 @@ class VLLMEngine:
         self.close()
 
 
+def unpadded(input_ids: torch.LongTensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """Each row's tokens without its padding: what an engine that batches by itself is given."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+
+
 def _tail(path: str, lines: int = 20) -> str:
     return "".join(Path(path).read_text(errors="replace").splitlines(keepends=True)[-lines:])
 
@@ -98,8 +103,8 @@ class VLLMGenerator:
     """A target's `generate` for `hf_dflash.training.prepare_data`, served by vLLM (`prepare-data --engine vllm`):
     the same left-padded ids in, the prompts and their responses out ([rows, width + new], padded), so regeneration
     keeps its chat template, sampling settings and resumability. vLLM batches the prompts itself (continuous
-    batching; on GPUs its tensor / data parallelism: `engine_args`). It computes no features: the store comes from
-    `store-features` afterwards."""
+    batching; on GPUs its tensor parallelism through `$HF_DFLASH_VLLM_ARGS`). It computes no features: the store
+    comes from `store-features` afterwards."""
 
     engine_name = "vllm"  # recorded in each sample's "generation"
 
@@ -131,7 +136,7 @@ class VLLMGenerator:
                  **kwargs) -> torch.LongTensor:
         if kwargs:
             raise ValueError(f"prepare-data --engine vllm cannot pass {sorted(kwargs)} (use the transformers engine)")
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+        prompts = unpadded(input_ids, attention_mask)
         self.seed += 1  # each batch its own draws, reproducible from the first seed
         out = self.engine.generate(prompts, max_new_tokens, temperature if do_sample else 0.0, top_p, self.seed)
         width = max(map(len, out["sequences"]), default=0)
@@ -139,4 +144,4 @@ class VLLMGenerator:
         return torch.cat([input_ids.cpu(), torch.tensor(new, dtype=torch.long).view(len(new), width)], dim=1)
 
 
-__all__ = ["VLLMEngine", "VLLMGenerator", "VLLM_ARGS", "VLLM_PYTHON", "vllm_python"]
+__all__ = ["VLLMEngine", "VLLMGenerator", "VLLM_ARGS", "VLLM_PYTHON", "unpadded", "vllm_python"]
