@@ -15,7 +15,7 @@ import time
 import typing
 from pathlib import Path
 
-from .bench import BASELINES, RANDOM_SHAPES
+from .bench import BASELINES, DEFAULT_BASELINES, RANDOM_SHAPES
 from .bigram import DEFAULTS as BIGRAM_DEFAULTS
 from .packaged import SMOLLM2_ID, load_target
 
@@ -151,9 +151,10 @@ def prepare_data_cmd(args) -> int:
 
     torch.set_num_threads(args.threads)
     if args.engine == "vllm":
-        from .engines import VLLMGenerator as engine
+        from .engines import VLLMGenerator
 
-        target, tokenizer = engine.load(args.target, args.vllm_python, args.dtype, args.threads, args.save_features)
+        target, tokenizer = VLLMGenerator.load(args.target, args.vllm_python, args.dtype, args.threads,
+                                               args.save_features)
     else:
         target, tokenizer = load_target(args.target, args.dtype)
     prompts = list(read_prompts(args.prompts, limit=args.limit))
@@ -429,8 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--assistant-confidence-threshold", type=float,
                    help="DFlash steps verify no drafts below this first-draft probability (default: the drafter's)")
-    p.add_argument("--baselines", nargs="*", choices=list(BASELINES),
-                   default=["plain", "static", "packed", "prompt_lookup", "native", "reference"],
+    p.add_argument("--baselines", nargs="*", choices=list(BASELINES), default=list(DEFAULT_BASELINES),
                    help="static: plain generate with a static cache, compiled where transformers compiles it; packed: "
                         "with its linears prepacked (hf_dflash.cpu_ops.packed_linears); vllm: "
                         "vLLM plain and with the drafter (greedy; a vLLM virtualenv: --vllm-python)")

@@ -6,10 +6,11 @@ from .oracle import OracleDecoder, OracleDrafts, OracleProposer, ceilings, oracl
 from .prompt_sets import BENCH_FILES, PACKAGED_SETS, load_prompt_set
 from .random_models import RANDOM_SHAPES, build_random_models, random_prompts, random_target_config
 from .report import plot, to_markdown, write_outputs
-from .run import BASELINES, benchmark, first_difference, machine_info
+from .run import BASELINES, DEFAULT_BASELINES, benchmark, first_difference, machine_info
 
 __all__ = [
     "BASELINES",
+    "DEFAULT_BASELINES",
     "BENCH_FILES",
     "PACKAGED_SETS",
     "RANDOM_SHAPES",

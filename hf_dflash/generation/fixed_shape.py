@@ -40,7 +40,7 @@ from ..sampling import rejection_sample
 from .compiling import compile_config_for, compiled_call, compiled_function
 from .decoder import POSITION_FREE_PROCESSORS, DFlashGenerateOutput, eos_token_ids, pad_token_id, pick
 from .kv_cache import cache_capacity, move_slots, row_cache, set_write_index, step_span
-from .linear_attention import fixed_shape_unsupported, is_hybrid, keep_row_states, record_block, row_linear_states
+from .linear_attention import RowLinearLayer, fixed_shape_unsupported, keep_row_states, record_block, row_linear_states
 from .proposer import Context, DraftSettings, drafter_masks
 from .tree import DraftTree, additive_mask, ancestors, takes_explicit_masks
 
@@ -51,7 +51,7 @@ def unsupported_reason(target, settings: DraftSettings, generation_config, logit
     """Why this call cannot run on the fixed-shape path, or None when it can."""
     if settings.threshold:
         return f"assistant_confidence_threshold={settings.threshold!r} (pass 0)"
-    if is_hybrid(target) and (reason := fixed_shape_unsupported(target)):
+    if reason := fixed_shape_unsupported(target):
         return reason
     if not takes_explicit_masks(target):
         implementation = target.config.get_text_config()._attn_implementation
@@ -173,7 +173,7 @@ class FixedShapeDecoder:
         if "linear_attention" in self.layer_types:
             masks["linear_attention"] = self.prompt_mask.long()
             for layer in self.cache.layers:
-                if hasattr(layer, "start"):
+                if isinstance(layer, RowLinearLayer):
                     layer.start()
         out = self.target(input_ids=input_ids, position_ids=self.prompt_positions, attention_mask=masks,
                           cache=self.cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)

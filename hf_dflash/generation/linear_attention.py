@@ -140,13 +140,13 @@ def fixed_shape_unsupported(target) -> str | None:
     """Why the fixed-shape path cannot serve this hybrid target, or None: it keeps one convolution window and one
     recurrent state per linear layer (`RowLinearLayer`), and gives linear layers the prompt's 2-D padding mask under
     `layer_types`' "linear_attention" key; mixed layers (attention and state space in one) are the general loop's."""
+    layers = linear_layers(DynamicCache(config=target.config))
+    if not layers:  # attention only: nothing of the target's for this path to refuse
+        return None
     config = target.config.get_text_config()
     types = set(getattr(config, "layer_types", None) or [])
-    layers = DynamicCache(config=target.config).layers
-    if not types <= FIXED_SHAPE_LAYER_TYPES or any(
-            isinstance(layer, LinearAttentionCacheLayerMixin) and (type(layer) is not LinearAttentionLayer
-                                                                   or layer.number_of_states != 1)
-            for layer in layers):
+    if not types <= FIXED_SHAPE_LAYER_TYPES or any(type(layer) is not LinearAttentionLayer
+                                                   or layer.number_of_states != 1 for layer in layers):
         return (f"a {config.model_type} target (the fixed-shape path keeps one state per 'linear_attention' layer; "
                 "this one has other layer kinds, or layers mixing attention and state space: general loop only)")
     return None
