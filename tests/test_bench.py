@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from hf_dflash.bench import benchmark, load_prompt_set, write_outputs
+from hf_dflash.bench.timing import PHASES, profiled
+from hf_dflash.generation.decoder import Decoder
 from hf_dflash.prompts import Prompt
 
 from conftest import ForwardCounter, make_drafter, make_target, make_tokenizer
@@ -120,6 +122,35 @@ def test_speedup_per_token_where_the_calls_made_different_numbers_of_tokens():
     assert _speedup_cell({**summary, "dflash_new_tokens": 400, "speedup_per_token": 2.0}) == "2.00x"
 
 
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_phase_timer_counts_the_heads_drafts_are_scored_with(draft_vocab):
+    """The target's head inside its own forward is the target's time; scoring drafts with it (or the drafter's
+    gathered rows of it) is `drafter_head`; the rest between the drafter's layers and the next target forward is
+    `drafts`."""
+    target = make_target()
+    drafter = make_drafter(target)
+    if draft_vocab:
+        drafter.set_draft_vocab(torch.arange(0, target.config.vocab_size, 2))
+    ids, keep_path = torch.tensor([[5, 9, 3, 7, 2]]), Decoder.keep_path
+    _, _, plain = profiled(lambda: target.generate(ids, max_new_tokens=6, do_sample=False), target, drafter)
+    assert plain["target_forwards"] == 6 and plain["drafter_head"] == plain["drafts"] == 0
+    assert "draft_head" not in vars(drafter) and Decoder.keep_path is keep_path  # the timer's wrappers are gone
+    slow, calls = 0.005, []
+
+    def draft_head(output_head, original=drafter.draft_head):  # each scoring of drafts sleeps `slow` in the head
+        head = original(output_head)
+        head[0].register_forward_pre_hook(lambda *_: calls.append(time.sleep(slow)))
+        return head
+
+    drafter.draft_head = draft_head
+    _, seconds, dflash = profiled(lambda: target.generate(ids, assistant_model=drafter, max_new_tokens=12,
+                                                          do_sample=False), target, drafter)
+    assert len(calls) >= dflash["target_forwards"] - 2  # a step but the last (no room for drafts) scores drafts
+    assert dflash["drafter_head"] >= len(calls) * slow and dflash["drafts"] < len(calls) * slow / 2
+    assert all(dflash[k] > 0 for k in PHASES[1:])
+    assert sum(dflash[k] for k in PHASES) + dflash["other"] == pytest.approx(seconds)
+
+
 def test_profile_accounts_for_the_measured_time(results):
     for run in results["runs"]:
         for record in run["prompts"]:
@@ -128,11 +159,11 @@ def test_profile_accounts_for_the_measured_time(results):
             assert dflash["target_forwards"] == steps + 1  # prefill + one verification per step
             assert plain["target_forwards"] == 10  # one per new token (max_new_tokens=10, no EOS)
             for method, phases in (("dflash", dflash), ("plain", plain)):
-                timed = [phases[k] for k in ("target_prefill", "target_steps", "drafter_layers", "drafter_head")]
+                timed = [phases[k] for k in PHASES]
                 assert all(t >= 0 for t in timed) and phases["other"] >= 0
                 assert sum(timed) + phases["other"] == pytest.approx(record[method]["seconds"])
-            assert plain["drafter_layers"] == plain["drafter_head"] == 0
-            assert dflash["drafter_layers"] > 0 and dflash["drafter_head"] > 0
+            assert plain["drafter_layers"] == plain["drafter_head"] == plain["drafts"] == plain["cache_keep"] == 0
+            assert all(dflash[k] > 0 for k in ("drafter_layers", "drafter_head", "drafts", "cache_keep"))
         profile = run["profile"]["dflash"]
         assert profile["split"] and profile["steps"] == sum(r["dflash"]["phases"]["target_forwards"] - 1
                                                             for r in run["prompts"])
@@ -556,7 +587,7 @@ def test_plain_at_its_best_and_the_fixed_shape_path(setup, monkeypatch, tmp_path
             assert static["identical"] and s["identical"]
     for run in out["runs"]:  # split into phases or not (compiled forwards run no hooks), a step's time adds up
         p = run["profile"]["dflash"]
-        step = sum(p[f"{k}_ms"] or 0.0 for k in ("target_steps", "drafter_layers", "drafter_head", "other"))
+        step = sum(p[f"{k}_ms"] or 0.0 for k in (*PHASES[1:], "other"))
         assert p["prefill_seconds"] + p["steps"] * step / 1000 == pytest.approx(run["summary"]["dflash_seconds"])
     static_calls = [c for c in calls if c is not None]
     assert static_calls and all(layer.max_cache_len % 256 == 0 for c in static_calls for layer in c.layers)

@@ -4,12 +4,15 @@ so the pipe, the counters and the report are tested everywhere), and, where a vL
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModel
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForCausalLM
 
 from hf_dflash.bench import benchmark
 from hf_dflash.engines import VLLM_ARGS, VLLM_PYTHON, VLLMEngine, vllm_python
@@ -136,6 +139,32 @@ def test_vllm_serves_what_hf_dflash_saves(tmp_path, monkeypatch):
             assert engine.generate(prompt, 8)["drafts"] > 0
     except RuntimeError as error:  # vLLM 0.32 runs a DFlash2 selector on its GPU (V2) model runner only; this says
         assert "DFlash candidate-head drafts" in str(error)  # it read the folder as one, refusing it on a CPU
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_loads_a_dflash2_drafter_hf_dflash_saves(tmp_path):
+    """vLLM's loader builds its DFlash2 draft model (`DFlash2Qwen3ForCausalLM`) from a folder hf-dflash saved, with
+    its extensions beside it, holding the saved values; the loader is strict (a missing or unknown tensor fails). vLLM's
+    CPU build refuses to run a DFlash2 draft (its selector runs on the V2 GPU runner only): `vllm_load_drafter.py`
+    lifts that one check to build the model as vLLM's GPU build would."""
+    smollm2 = packaged_model_path()
+    drafter = make_dflash2(AutoModelForCausalLM.from_pretrained(smollm2), block_size=8)
+    drafter.set_draft_vocab(list(range(2, 400)))
+    drafter.save_pretrained(tmp_path)
+    script = Path(__file__).with_name("vllm_load_drafter.py")
+    out = subprocess.run([VLLM, str(script), str(smollm2), str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["class"] == "DFlash2Qwen3ForCausalLM"
+    saved = {name: float(t.double().sum()) for name, t in load_file(tmp_path / "model.safetensors").items()}
+    # vLLM adds the target's embeddings and head (shared at serving time) and its mask embedding, and stacks q/k/v and
+    # gate/up: every other tensor is a saved one, with its value, and the stacked ones hold the rest
+    own = {name[len("model."):]: value for name, value in loaded["tensors"].items()
+           if name not in ("lm_head.weight", "model.embed_tokens.weight", "model.mask_embedding")}
+    assert {"candidate_selector.hidden_projection.weight", "layers.0.mlp_conv.base_kernel"} <= set(own) & set(saved)
+    assert all(own[name] == pytest.approx(saved[name]) for name in set(own) & set(saved))
+    assert sum(own.values()) == pytest.approx(sum(saved.values()))
 
 
 def test_prepare_data_through_vllm(stand_in, tmp_path, chat_tokenizer):

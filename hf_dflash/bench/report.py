@@ -85,7 +85,8 @@ def to_markdown(results: dict) -> str:
                      f"{o['best_plain_ratio']:.2f}" if "best_plain_ratio" in o else "-"]  # nor before 2026-12-06
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     head = ["set", "batch", "mode", "block", "tree", "plain: target fwd", "plain: other", "dflash: target verify",
-            "dflash: drafter layers", "dflash: drafter lm_head + block", "dflash: other"]
+            "dflash: drafter layers", "dflash: drafter lm_head", "dflash: drafts, tree", "dflash: cache keep",
+            "dflash: other"]
     lines += ["", "Where the time goes, ms per step (one target forward after the prefill):", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in results["runs"]:
@@ -93,12 +94,15 @@ def to_markdown(results: dict) -> str:
         cells = [run["set"], run["batch_size"], run["mode"], run["block_size"], tree_label(run["tree_size"]),
                  plain["target_steps_ms"],
                  plain["other_ms"], dflash["target_steps_ms"], dflash["drafter_layers_ms"], dflash["drafter_head_ms"],
-                 dflash["other_ms"]]
+                 dflash.get("drafts_ms"), dflash.get("cache_keep_ms"), dflash["other_ms"]]
         lines.append("| " + " | ".join("-" if c is None else str(c) if isinstance(c, (str, int)) else f"{c:.1f}"
                                        for c in cells) + " |")
     if any(not run["profile"]["dflash"].get("split", True) for run in results["runs"]):
         lines += ["", "-: compiled forwards (the fixed-shape path) are not split into phases; `dflash: other` is then "
                       "a whole step"]
+    if any("cache_keep_ms" not in run["profile"]["dflash"] for run in results["runs"]):
+        lines += ["", "-: measured before the phase had a column of their own (2026-12-07): the drafts are in "
+                      "`drafter lm_head`, the cache keeping in `other`"]
     return "\n".join(lines) + "\n"
 
 
