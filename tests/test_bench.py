@@ -149,6 +149,7 @@ def test_phase_timer_counts_the_heads_drafts_are_scored_with(draft_vocab):
     assert dflash["drafter_head"] >= len(calls) * slow and dflash["drafts"] < len(calls) * slow / 2
     assert all(dflash[k] > 0 for k in PHASES[1:])
     assert sum(dflash[k] for k in PHASES) + dflash["other"] == pytest.approx(seconds)
+    assert drafter.draft_head is draft_head  # what was there before the timer is there after
 
 
 def test_profile_accounts_for_the_measured_time(results):

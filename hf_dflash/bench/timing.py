@@ -46,6 +46,7 @@ class PhaseTimer:
         self._drafted = None  # when the drafter's layers last finished
         self._head_seconds = 0.0  # the head's time since then
         self._handles, self._drafter = [], drafter
+        self._own = getattr(drafter, "__dict__", {}).get("draft_head")  # an instance attribute there before, if any
         for module, name in [(target, "target")] + ([(drafter, "drafter"), (target.get_output_embeddings(), "head")]
                                                      if drafter is not None else []):
             self._hook(module, name)
@@ -128,7 +129,9 @@ class PhaseTimer:
     def __exit__(self, *exc):
         for _, handle in self._handles:
             handle.remove()
-        if "draft_head" in getattr(self._drafter, "__dict__", ()):
+        if self._own is not None:
+            self._drafter.draft_head = self._own
+        elif "draft_head" in getattr(self._drafter, "__dict__", ()):
             del self._drafter.draft_head
         Decoder.keep_path = self._keep_path
 
