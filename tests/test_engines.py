@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM
 
+import hf_dflash.engines
 from hf_dflash.bench import benchmark
 from hf_dflash.engines import VLLM_ARGS, VLLM_PYTHON, VLLMEngine, vllm_python
 from hf_dflash.packaged import packaged_model_path
@@ -146,13 +147,13 @@ def test_vllm_serves_what_hf_dflash_saves(tmp_path, monkeypatch):
 def test_vllm_loads_a_dflash2_drafter_hf_dflash_saves(tmp_path):
     """vLLM's loader builds its DFlash2 draft model (`DFlash2Qwen3ForCausalLM`) from a folder hf-dflash saved, with
     its extensions beside it, holding the saved values; the loader is strict (a missing or unknown tensor fails). vLLM's
-    CPU build refuses to run a DFlash2 draft (its selector runs on the V2 GPU runner only): `vllm_load_drafter.py`
+    CPU build refuses to run a DFlash2 draft (its selector runs on the V2 GPU runner only): `engines/vllm_load_check.py`
     lifts that one check to build the model as vLLM's GPU build would."""
     smollm2 = packaged_model_path()
     drafter = make_dflash2(AutoModelForCausalLM.from_pretrained(smollm2), block_size=8)
     drafter.set_draft_vocab(list(range(2, 400)))
     drafter.save_pretrained(tmp_path)
-    script = Path(__file__).with_name("vllm_load_drafter.py")
+    script = Path(hf_dflash.engines.__file__).with_name("vllm_load_check.py")
     out = subprocess.run([VLLM, str(script), str(smollm2), str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
